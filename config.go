@@ -1,0 +1,203 @@
+package tollgate
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// PolicyConfig is one named rate limit (a caddy-ratelimit "zone").
+type PolicyConfig struct {
+	// Which requests the policy covers. Absent means every request.
+	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	// The partition of the tenant's budget a request counts against, as a
+	// placeholder template, e.g. `{http.request.method}{http.request.uri.path}`.
+	// When the handler sets `tenant`, it defaults to empty (one bucket per
+	// tenant and policy). Without `tenant`, the key is the tenant and
+	// defaults to `{client_ip}`.
+	Key string `json:"key,omitempty"`
+
+	// How the bucket counts: token_bucket, gcra, sliding_window (default),
+	// fixed_window, sliding_log or concurrency.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// Units admitted per window (concurrency: requests in flight).
+	// The Caddyfile spells it `limit` or `events`.
+	MaxEvents int64 `json:"max_events,omitempty"`
+
+	// The period max_events applies to. Required except for concurrency.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Capacity of a token_bucket or gcra bucket. Default: max_events.
+	Burst int64 `json:"burst,omitempty"`
+
+	// Units one request takes: a positive integer or a placeholder that
+	// resolves to one. Default 1. A placeholder that does not resolve to a
+	// non-negative integer costs 1.
+	Cost Cost `json:"cost,omitempty"`
+
+	// For sliding_log: the smallest gap between two admitted requests.
+	MinInterval caddy.Duration `json:"min_interval,omitempty"`
+
+	// Limits per tier name; a tenant's tier comes from the handler's
+	// `tenant_tiers`, else its `tier` placeholder.
+	Tiers map[string]*LimitConfig `json:"tiers,omitempty"`
+
+	// Limits per tenant; they win over tiers.
+	Overrides map[string]*LimitConfig `json:"overrides,omitempty"`
+
+	// Local lease of prefetched units for this policy; overrides the
+	// handler's lease. Applies to the Redis store only.
+	Lease *LeaseConfig `json:"lease,omitempty"`
+
+	// Log would-deny decisions for this policy instead of enforcing them.
+	Shadow bool `json:"shadow,omitempty"`
+
+	// What to do when the store is unreachable: open, closed or local.
+	// Default: the handler's fail_mode. Applies to the Redis store only.
+	FailMode string `json:"fail_mode,omitempty"`
+
+	// When the key resolves to an IPv4 address, count it as its network of
+	// this many bits (caddy-ratelimit compatible). 0 keeps the address.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// When the key resolves to an IPv6 address, count it as its network of
+	// this many bits, e.g. 64. 0 keeps the address.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
+}
+
+// LimitConfig is a tier's or a tenant override's limit inside a policy.
+type LimitConfig struct {
+	// Units per window. Required unless unlimited.
+	MaxEvents int64 `json:"max_events,omitempty"`
+
+	// The period; default: the policy's window.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Capacity for token_bucket and gcra; default: this max_events.
+	Burst int64 `json:"burst,omitempty"`
+
+	// No limit at all: such requests never touch the store.
+	Unlimited bool `json:"unlimited,omitempty"`
+
+	// Make this tier's or tenant's decisions shadow decisions.
+	Shadow bool `json:"shadow,omitempty"`
+}
+
+// LeaseConfig sizes the local lease of prefetched units.
+type LeaseConfig struct {
+	// Most units one store call may take for local use; 0 disables leasing.
+	MaxTokens int64 `json:"max_tokens,omitempty"`
+
+	// How long leased units may be served before unused ones go back.
+	// Default 1s.
+	TTL caddy.Duration `json:"ttl,omitempty"`
+}
+
+// Cost is a request's cost: a constant or a placeholder. In JSON it is a
+// number (3) or a string ("3", "{http.request.header.X-Cost}").
+type Cost string
+
+// UnmarshalJSON accepts a JSON number or string.
+func (c *Cost) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*c = Cost(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("cost: want a number or a placeholder string: %w", err)
+	}
+	*c = Cost(n.String())
+	return nil
+}
+
+// MarshalJSON writes a constant cost as a number, a placeholder as a string.
+func (c Cost) MarshalJSON() ([]byte, error) {
+	if _, err := strconv.ParseInt(string(c), 10, 64); err == nil {
+		return []byte(c), nil
+	}
+	return json.Marshal(string(c))
+}
+
+// constant returns the cost when it is a literal integer.
+func (c Cost) constant() (int64, bool) {
+	if c == "" {
+		return 1, true
+	}
+	if strings.Contains(string(c), "{") {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(string(c), 10, 64)
+	return n, err == nil
+}
+
+// RedisConfig connects the handler to a shared Redis. Without it, Tollgate
+// uses the embedded in-process store.
+type RedisConfig struct {
+	// host:port of the server; several addresses are cluster seeds, or the
+	// sentinels when sentinel_master is set.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// Use cluster mode even with a single seed address.
+	Cluster bool `json:"cluster,omitempty"`
+
+	// Name of the master monitored by the sentinels in addresses.
+	SentinelMaster string `json:"sentinel_master,omitempty"`
+
+	// ACL user name. Placeholders such as {env.REDIS_USER} resolve.
+	Username string `json:"username,omitempty"`
+
+	// Password. Placeholders such as {env.REDIS_PASSWORD} resolve.
+	Password string `json:"password,omitempty"`
+
+	// Database number (standalone and Sentinel only).
+	DB int `json:"db,omitempty"`
+
+	// TLS to Redis. Absent means plain TCP.
+	TLS *RedisTLSConfig `json:"tls,omitempty"`
+
+	// Connections per node. Default: go-redis's default (10 per CPU).
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// Deadline of every Redis call. Default 100ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// First segment of every key. Default "rl".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// Consecutive failures that open the circuit breaker. Default 3.
+	BreakerFailures int `json:"breaker_failures,omitempty"`
+
+	// How long the breaker stays open before a probe. Default 5s.
+	BreakerCooldown caddy.Duration `json:"breaker_cooldown,omitempty"`
+}
+
+// RedisTLSConfig configures TLS to Redis.
+type RedisTLSConfig struct {
+	// Accept any server certificate. For testing only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+
+	// PEM file of the CA that signed the server certificate. Default: the
+	// system roots.
+	CA string `json:"ca,omitempty"`
+
+	// PEM client certificate for mutual TLS.
+	Cert string `json:"cert,omitempty"`
+
+	// PEM private key of cert.
+	Key string `json:"key,omitempty"`
+
+	// Name to verify the server certificate against. Default: the host of
+	// the address.
+	ServerName string `json:"server_name,omitempty"`
+}

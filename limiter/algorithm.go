@@ -1,0 +1,72 @@
+package limiter
+
+import "fmt"
+
+// Algorithm names how a bucket counts requests.
+type Algorithm uint8
+
+// The algorithms. SlidingWindow is the zero value because it is the default.
+const (
+	// SlidingWindow weighs the previous fixed window by how much of it still
+	// overlaps the trailing window: O(1) memory, no boundary burst.
+	SlidingWindow Algorithm = iota
+	// TokenBucket refills Limit tokens per Window continuously up to Burst.
+	TokenBucket
+	// GCRA is the generic cell rate algorithm: a token bucket stored as one
+	// timestamp (the theoretical arrival time).
+	GCRA
+	// FixedWindow counts per window aligned to the Unix epoch; it admits up
+	// to 2 x Limit around a window boundary.
+	FixedWindow
+	// SlidingLog keeps one timestamp per admitted unit: exact, O(Limit) memory.
+	SlidingLog
+	// Concurrency limits requests in flight; a slot is held until Release.
+	Concurrency
+
+	numAlgorithms
+)
+
+var algorithmNames = [numAlgorithms]string{
+	SlidingWindow: "sliding_window",
+	TokenBucket:   "token_bucket",
+	GCRA:          "gcra",
+	FixedWindow:   "fixed_window",
+	SlidingLog:    "sliding_log",
+	Concurrency:   "concurrency",
+}
+
+// AlgorithmNames lists every valid algorithm name, for error messages.
+const AlgorithmNames = "token_bucket, gcra, sliding_window, fixed_window, sliding_log, concurrency"
+
+// String returns the configuration name of a.
+func (a Algorithm) String() string {
+	if a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm turns a configuration name into an Algorithm. The empty
+// string means the default, SlidingWindow.
+func ParseAlgorithm(name string) (Algorithm, error) {
+	if name == "" {
+		return SlidingWindow, nil
+	}
+	for i, n := range algorithmNames {
+		if n == name {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (allowed: %s)", name, AlgorithmNames)
+}
+
+// SupportsLease reports whether units of a can be prefetched and served from
+// a local lease. A sliding log must record each request's own timestamp and a
+// concurrency slot must be released by the request that took it, so neither
+// can be leased.
+func (a Algorithm) SupportsLease() bool {
+	return a != SlidingLog && a != Concurrency
+}
+
+// UsesBurst reports whether a has a capacity separate from its rate.
+func (a Algorithm) UsesBurst() bool { return a == TokenBucket || a == GCRA }

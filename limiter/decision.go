@@ -1,0 +1,138 @@
+package limiter
+
+import "context"
+
+// Item is one policy that a request matched, with the request's identity
+// in that policy.
+type Item struct {
+	// Policy is the matched policy.
+	Policy *Policy
+	// Tenant owns the bucket; Tier selects a tier limit of Policy.
+	Tenant, Tier string
+	// Part partitions the tenant's budget inside Policy; may be empty.
+	Part string
+	// Cost is the number of units the request takes.
+	Cost int64
+}
+
+// Verdict is the outcome of one Item.
+type Verdict struct {
+	// Limit is the limit resolved for the item's tenant, and Source where
+	// it came from.
+	Limit  Limit
+	Source Source
+	// Result is the store's answer. For an unlimited item it is an
+	// admitting result with Remaining -1, and the store was not asked.
+	Result Result
+}
+
+// Counted reports whether the item was decided by the store; unlimited
+// items are not.
+func (v *Verdict) Counted() bool { return !v.Limit.Unlimited }
+
+// Enforced reports whether the verdict can block the request.
+func (v *Verdict) Enforced() bool { return !v.Limit.Unlimited && !v.Limit.Shadow }
+
+// ShadowDenied reports whether a shadow verdict would have denied.
+func (v *Verdict) ShadowDenied() bool {
+	return !v.Limit.Unlimited && v.Limit.Shadow && !v.Result.Allowed
+}
+
+// Decision holds a request's verdicts. Reuse one Decision per request (it
+// keeps its slices) to decide without allocating.
+type Decision struct {
+	// Admitted is false when any enforced item denied the request.
+	Admitted bool
+	// Verdicts has one entry per Item, in order.
+	Verdicts []Verdict
+
+	checks  []Check
+	results []Result
+	counted []int // index in Verdicts of each check
+}
+
+// Reset empties d for reuse.
+func (d *Decision) Reset() {
+	d.Admitted = false
+	d.Verdicts = d.Verdicts[:0]
+	d.checks = d.checks[:0]
+	d.results = d.results[:0]
+	d.counted = d.counted[:0]
+}
+
+// Decide resolves each item's limit and asks store for one all-or-nothing
+// decision over the items that are not unlimited. On error d.Verdicts holds
+// the resolved limits but no results.
+func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error {
+	d.Reset()
+	for i := range items {
+		it := &items[i]
+		limit, source := it.Policy.Resolve(it.Tenant, it.Tier)
+		d.Verdicts = append(d.Verdicts, Verdict{Limit: limit, Source: source})
+		if limit.Unlimited {
+			d.Verdicts[i].Result = Result{Allowed: true, Remaining: -1}
+			continue
+		}
+		d.checks = append(d.checks, Check{
+			Algorithm: it.Policy.Algorithm,
+			Tenant:    it.Tenant,
+			Policy:    it.Policy.Name,
+			Part:      it.Part,
+			Rate:      limit.Rate,
+			Cost:      it.Cost,
+			Shadow:    limit.Shadow,
+		})
+		d.counted = append(d.counted, i)
+	}
+	if len(d.checks) == 0 {
+		d.Admitted = true
+		return nil
+	}
+	for range d.checks {
+		d.results = append(d.results, Result{})
+	}
+	admitted, err := store.Decide(ctx, d.checks, d.results)
+	if err != nil {
+		return err
+	}
+	d.Admitted = admitted
+	for j, i := range d.counted {
+		d.Verdicts[i].Result = d.results[j]
+	}
+	return nil
+}
+
+// Release gives back the concurrency slots an admitted decision took.
+// Call it once, when the request is done; it is a no-op when the decision
+// holds no charged concurrency check.
+func (d *Decision) Release(ctx context.Context, store Store) error {
+	if !d.Admitted {
+		return nil
+	}
+	n := 0
+	for j := range d.checks {
+		c := &d.checks[j]
+		if c.Algorithm == Concurrency && c.Cost > 0 && d.results[j].Allowed {
+			d.checks[n] = *c
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	d.checks = d.checks[:n]
+	return store.Release(ctx, d.checks)
+}
+
+// HoldsSlots reports whether Release has work to do.
+func (d *Decision) HoldsSlots() bool {
+	if !d.Admitted {
+		return false
+	}
+	for j := range d.checks {
+		if d.checks[j].Algorithm == Concurrency && d.checks[j].Cost > 0 && d.results[j].Allowed {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,86 @@
+package limiter
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
+// MaxValueLen is the longest tenant or partition value kept verbatim in a
+// key. Longer values are replaced by a digest so a hostile header cannot
+// grow keys (and memory) without bound.
+const MaxValueLen = 128
+
+// hashedMarker starts a digest in place of a long value. Escaping always
+// writes '%' followed by two hex digits, so "%#" never comes out of
+// AppendEscaped and a digest cannot collide with an escaped value.
+const hashedMarker = "%#"
+
+const upperhex = "0123456789ABCDEF"
+
+// needsEscape reports whether c must be percent-encoded inside a key: the
+// hash-tag braces, the key separator, the escape byte itself and every
+// control byte.
+func needsEscape(c byte) bool {
+	return c < 0x20 || c == 0x7f || c == '{' || c == '}' || c == ':' || c == '%'
+}
+
+// AppendEscaped appends v to dst in the form used inside bucket keys: bytes
+// that could move a Redis hash tag, split a key or corrupt a log line are
+// percent-encoded, and values longer than MaxValueLen are replaced by
+// "%#" + hex(SHA-256(v)). Distinct values always give distinct output.
+func AppendEscaped(dst []byte, v string) []byte {
+	if len(v) > MaxValueLen {
+		sum := sha256.Sum256([]byte(v))
+		dst = append(dst, hashedMarker...)
+		return hex.AppendEncode(dst, sum[:])
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if needsEscape(c) {
+			dst = append(dst, '%', upperhex[c>>4], upperhex[c&0xf])
+			continue
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// AppendKey appends the bucket key of DESIGN §5 to dst:
+//
+//	<prefix>:<algo>:{<tenant>}:<policy>[:<part>]
+//
+// tenant and part are escaped with AppendEscaped; prefix and policy are
+// configuration names validated to contain no separator or brace. The
+// {tenant} hash tag keeps every key of a tenant in one Redis Cluster slot.
+func AppendKey(dst []byte, prefix string, algo Algorithm, tenant, policy, part string) []byte {
+	dst = append(dst, prefix...)
+	dst = append(dst, ':')
+	dst = append(dst, algo.String()...)
+	dst = append(dst, ':', '{')
+	dst = AppendEscaped(dst, tenant)
+	dst = append(dst, '}', ':')
+	dst = append(dst, policy...)
+	if part != "" {
+		dst = append(dst, ':')
+		dst = AppendEscaped(dst, part)
+	}
+	return dst
+}
+
+// ValidName reports whether s may be used as a policy name or key prefix:
+// non-empty, at most 64 bytes of letters, digits, '_', '-' and '.'. Such
+// names cannot contain a key separator or a hash-tag brace.
+func ValidName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-', c == '.':
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,120 @@
+package limiter
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Limit is what a policy, a tier or an override grants one tenant.
+type Limit struct {
+	Rate
+	// Unlimited skips counting entirely: no store call at all.
+	Unlimited bool
+	// Shadow makes the tenant's decisions for the policy shadow decisions:
+	// counted, logged when they would deny, never enforced.
+	Shadow bool
+}
+
+// Source says which rule a resolved Limit came from.
+type Source uint8
+
+// Sources of a limit, most specific last.
+const (
+	SourcePolicy Source = iota
+	SourceTier
+	SourceOverride
+	SourceRuntimeOverride
+)
+
+var sourceNames = [...]string{"policy", "tier", "override", "runtime_override"}
+
+// String names s as the admin API reports it.
+func (s Source) String() string {
+	if int(s) < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return fmt.Sprintf("source(%d)", uint8(s))
+}
+
+// Policy is one named rate limit: a rate, an algorithm, and per-tier and
+// per-tenant exceptions. Policies are immutable once built; share them.
+type Policy struct {
+	// Name identifies the policy in keys, headers, logs and metrics.
+	Name string
+	// Algorithm decides how buckets of this policy count.
+	Algorithm Algorithm
+	// Limit is the policy's own limit, used when no tier or override applies.
+	Limit Limit
+	// Tiers maps a tier name to the limit of tenants in that tier.
+	Tiers map[string]Limit
+	// Overrides maps a tenant to its own limit.
+	Overrides map[string]Limit
+}
+
+// Resolve returns the limit that applies to tenant (whose tier is tier) and
+// where it came from: a static override of the tenant beats its tier, which
+// beats the policy's own limit. Runtime overrides are looked up by the
+// caller before Resolve.
+func (p *Policy) Resolve(tenant, tier string) (Limit, Source) {
+	if l, ok := p.Overrides[tenant]; ok {
+		return l, SourceOverride
+	}
+	if tier != "" {
+		if l, ok := p.Tiers[tier]; ok {
+			return l, SourceTier
+		}
+	}
+	return p.Limit, SourcePolicy
+}
+
+// MaxWindow bounds windows so that arithmetic in nanoseconds (and in Redis
+// microseconds) cannot overflow and keys never live for years.
+const MaxWindow = 366 * 24 * time.Hour
+
+// Validate reports the first problem with p, naming the field at fault.
+func (p *Policy) Validate() error {
+	if !ValidName(p.Name) {
+		return fmt.Errorf("policy name %q: use 1-64 letters, digits, '_', '-' or '.'", p.Name)
+	}
+	if p.Algorithm >= numAlgorithms {
+		return fmt.Errorf("policy %s: unknown algorithm (allowed: %s)", p.Name, AlgorithmNames)
+	}
+	if err := p.validateLimit(p.Limit); err != nil {
+		return fmt.Errorf("policy %s: %w", p.Name, err)
+	}
+	for name, l := range p.Tiers {
+		if err := p.validateLimit(l); err != nil {
+			return fmt.Errorf("policy %s: tier %s: %w", p.Name, name, err)
+		}
+	}
+	for tenant, l := range p.Overrides {
+		if err := p.validateLimit(l); err != nil {
+			return fmt.Errorf("policy %s: override %s: %w", p.Name, tenant, err)
+		}
+	}
+	return nil
+}
+
+func (p *Policy) validateLimit(l Limit) error {
+	if l.Unlimited {
+		return nil
+	}
+	switch {
+	case l.Limit <= 0:
+		return errors.New("limit must be a positive integer")
+	case p.Algorithm != Concurrency && l.Window <= 0:
+		return errors.New("window must be a positive duration")
+	case l.Window > MaxWindow:
+		return fmt.Errorf("window %s is longer than the maximum %s", l.Window, MaxWindow)
+	case l.Burst < 0:
+		return errors.New("burst must not be negative")
+	case l.Burst > 0 && !p.Algorithm.UsesBurst():
+		return fmt.Errorf("burst applies only to token_bucket and gcra, not %s", p.Algorithm)
+	case l.MinInterval < 0:
+		return errors.New("min_interval must not be negative")
+	case l.MinInterval > 0 && p.Algorithm != SlidingLog:
+		return fmt.Errorf("min_interval applies only to sliding_log, not %s", p.Algorithm)
+	}
+	return nil
+}

@@ -1,0 +1,94 @@
+package limiter
+
+import (
+	"context"
+	"time"
+)
+
+// Rate is the budget of one bucket.
+type Rate struct {
+	// Limit is the number of units admitted per Window; for Concurrency it is
+	// the number of requests in flight.
+	Limit int64
+	// Window is the period Limit applies to. Unused by Concurrency.
+	Window time.Duration
+	// Burst is the capacity of a TokenBucket or GCRA bucket; 0 means Limit.
+	Burst int64
+	// MinInterval is the smallest gap SlidingLog allows between two admitted
+	// requests; 0 means no gap is required.
+	MinInterval time.Duration
+}
+
+// Capacity is the most units the bucket can hold: Burst when set, else Limit.
+func (r Rate) Capacity() int64 {
+	if r.Burst > 0 {
+		return r.Burst
+	}
+	return r.Limit
+}
+
+// Check asks a store to count one request against one bucket.
+type Check struct {
+	// Algorithm decides how the bucket counts.
+	Algorithm Algorithm
+	// Tenant, Policy and Part identify the bucket (see AppendKey). Part is
+	// the partition inside the tenant and may be empty.
+	Tenant, Policy, Part string
+	// Rate is the budget resolved for this tenant.
+	Rate Rate
+	// Cost is how many units the request takes; 0 only peeks.
+	Cost int64
+	// Shadow checks never block the request; they are charged only when
+	// they would allow it themselves.
+	Shadow bool
+}
+
+// Result is a store's answer for one Check.
+type Result struct {
+	// Allowed reports whether this bucket alone admits the request. For a
+	// shadow check it is the would-be decision.
+	Allowed bool
+	// Remaining is the number of units left after this request when it is
+	// charged, or left now when it is not.
+	Remaining int64
+	// RetryAfter is, for a denied check, how long until the same request
+	// could be admitted by this bucket. Zero when allowed.
+	RetryAfter time.Duration
+	// Reset is how long until the bucket has more quota than Remaining;
+	// zero when it is already full.
+	Reset time.Duration
+}
+
+// Store keeps bucket state and decides requests atomically.
+//
+// Decide evaluates every check against the same instant. The request is
+// admitted when every non-shadow check allows it; then every non-shadow
+// check is charged, and every shadow check that allows is charged too. When
+// any non-shadow check denies, nothing is charged. results must have
+// len(checks) entries and receives one Result per check; the returned
+// admission is the AND of the non-shadow results.
+type Store interface {
+	Decide(ctx context.Context, checks []Check, results []Result) (admitted bool, err error)
+	// Release gives back the slots that an admitted Decide took for the
+	// Concurrency checks among checks; other algorithms are ignored.
+	Release(ctx context.Context, checks []Check) error
+	// Peek fills results as Decide would for Cost-unit requests, without
+	// charging anything.
+	Peek(ctx context.Context, checks []Check, results []Result) error
+	// Reset forgets every bucket of tenant, or only those of policy when
+	// policy is not empty.
+	Reset(ctx context.Context, tenant, policy string) error
+	// Close releases the store's resources and stops its goroutines.
+	Close() error
+}
+
+// Clock tells the time. Stores take one so tests can drive time by hand.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the wall clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
