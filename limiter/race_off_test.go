@@ -1,0 +1,5 @@
+//go:build !race
+
+package limiter
+
+const raceDetector = false
