@@ -1,0 +1,942 @@
+package tollgate
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+}
+
+// parseCaddyfile builds a Handler from a `rate_limit` directive. Caddy has
+// already taken the optional request matcher off the line.
+func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	h := new(Handler)
+	if err := h.UnmarshalCaddyfile(helper.Dispenser); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// UnmarshalCaddyfile implements caddyfile.Unmarshaler. Syntax (DESIGN §2;
+// every mholt/caddy-ratelimit config is valid and means the same):
+//
+//	rate_limit [<matcher>] {
+//		redis [<host:port>...] {
+//			address <host:port>...
+//			cluster
+//			sentinel <master_name>
+//			username <user>
+//			password <password>
+//			db <n>
+//			tls [insecure_skip_verify] [{
+//				ca <file>
+//				cert <file>
+//				key <file>
+//				server_name <name>
+//				insecure_skip_verify
+//			}]
+//			pool_size <n>
+//			timeout <duration>
+//			key_prefix <string>
+//			breaker_failures <n>
+//			breaker_cooldown <duration>
+//		}
+//		tenant <placeholder-template>
+//		tier <placeholder-template>
+//		tenant_tier <tenant> <tier>
+//		missing_tenant shared|deny
+//		lease <max_tokens> [<ttl>]
+//		shadow
+//		fail open|closed|local
+//		headers both|ietf|legacy|off
+//		jitter <fraction>
+//		denials_stream [<maxlen>]
+//		metrics_tenants <n>
+//		log_key
+//		sweep_interval <duration>
+//		disable_metrics
+//		distributed [{ read_interval <d>  write_interval <d>  purge_age <d> }]
+//		storage <module...>
+//
+//		policy <name> {            # alias: zone
+//			match { <matchers> }
+//			key <placeholder-template>
+//			algorithm token_bucket|gcra|sliding_window|fixed_window|sliding_log|concurrency
+//			limit <n>              # alias: events
+//			window <duration>
+//			burst <n>
+//			cost <n|placeholder>
+//			min_interval <duration>
+//			tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited
+//			override <tenant> <limit> [<window>] [burst <n>] [shadow] | override <tenant> unlimited
+//			lease <max_tokens> [<ttl>]
+//			shadow
+//			fail open|closed|local
+//			ipv4_prefix <bits>
+//			ipv6_prefix <bits>
+//		}
+//	}
+//
+// Valued subdirectives may be given once per block; flags, `match`,
+// `tenant_tier`, `tier`, `override`, `address` and `policy` repeat. Every
+// error names the file and line at fault. At least one policy is required.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.Errf("unexpected argument %q: rate_limit takes only a request matcher on its line, and its configuration in a block", d.Val())
+	}
+	p := cfParser{d: d} // Caddy prefixes errors with the directive name
+	if err := parseBlock(p, handlerBlock, h); err != nil {
+		return err
+	}
+	if len(h.RateLimits) == 0 {
+		return d.Err("no policy defined in rate_limit: add at least one `policy <name> { limit <n> window <duration> }`")
+	}
+	return nil
+}
+
+// handlerBlock lists the subdirectives of `rate_limit`, in the order the
+// docs show them.
+var handlerBlock = block[*Handler]{
+	{name: "redis", usage: "redis [<host:port>...] { ... }", parse: parseRedis},
+	{name: "tenant", usage: "tenant <placeholder-template>", parse: func(p cfParser, h *Handler) (err error) {
+		h.Tenant, err = p.word()
+		return err
+	}},
+	{name: "tier", usage: "tier <placeholder-template>", parse: func(p cfParser, h *Handler) (err error) {
+		h.Tier, err = p.word()
+		return err
+	}},
+	{name: "tenant_tier", usage: "tenant_tier <tenant> <tier>", repeatable: true, parse: parseTenantTier},
+	{name: "missing_tenant", usage: "missing_tenant " + strings.Join(missingTenantValues, "|"), parse: func(p cfParser, h *Handler) (err error) {
+		h.MissingTenant, err = p.enum(missingTenantValues)
+		return err
+	}},
+	{name: "lease", usage: "lease <max_tokens> [<ttl>]", parse: func(p cfParser, h *Handler) (err error) {
+		h.Lease, err = p.lease()
+		return err
+	}},
+	{name: "shadow", usage: "shadow", repeatable: true, parse: func(p cfParser, h *Handler) error {
+		h.Shadow = true
+		return p.flag()
+	}},
+	{name: "fail", usage: "fail " + strings.Join(failModeValues, "|"), parse: func(p cfParser, h *Handler) (err error) {
+		h.FailMode, err = p.enum(failModeValues)
+		return err
+	}},
+	{name: "headers", usage: "headers " + strings.Join(headersValues, "|"), parse: func(p cfParser, h *Handler) (err error) {
+		h.Headers, err = p.enum(headersValues)
+		return err
+	}},
+	{name: "jitter", usage: "jitter <fraction>", parse: parseJitter},
+	{name: "denials_stream", usage: "denials_stream [<maxlen>]", parse: parseDenialsStream},
+	{name: "metrics_tenants", usage: "metrics_tenants <n>", parse: func(p cfParser, h *Handler) (err error) {
+		h.MetricsTenants, err = p.intArg(0, "a non-negative integer")
+		return err
+	}},
+	{name: "log_key", usage: "log_key", repeatable: true, parse: func(p cfParser, h *Handler) error {
+		h.LogKey = true
+		return p.flag()
+	}},
+	{name: "policy", aliases: []string{"zone"}, usage: "policy <name> { ... }", repeatable: true, parse: parsePolicy},
+	{name: "sweep_interval", usage: "sweep_interval <duration>", parse: func(p cfParser, h *Handler) (err error) {
+		h.SweepInterval, err = p.durationArg()
+		return err
+	}},
+	{name: "disable_metrics", usage: "disable_metrics", repeatable: true, parse: func(p cfParser, h *Handler) error {
+		h.DisableMetrics = true
+		return p.flag()
+	}},
+	{name: "distributed", usage: "distributed [{ read_interval <duration> write_interval <duration> purge_age <duration> }]", parse: parseDistributed},
+	{name: "storage", usage: "storage <module...>", parse: parseStorage},
+}
+
+// policyBlock lists the subdirectives of `policy <name> { ... }`.
+var policyBlock = block[*policyState]{
+	{name: "match", usage: "match { <matchers> }", repeatable: true, parse: parseMatch},
+	{name: "key", usage: "key <placeholder-template>", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Key, err = p.word()
+		return err
+	}},
+	{name: "algorithm", usage: "algorithm " + strings.ReplaceAll(limiter.AlgorithmNames, ", ", "|"), parse: func(p cfParser, ps *policyState) error {
+		name, err := p.word()
+		if err != nil {
+			return err
+		}
+		if _, err := limiter.ParseAlgorithm(name); err != nil {
+			return p.dirErr("%q: unknown (allowed: %s)", name, limiter.AlgorithmNames)
+		}
+		ps.pc.Algorithm = name
+		return nil
+	}},
+	{name: "limit", aliases: []string{"events"}, usage: "limit <n>", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.MaxEvents, err = p.int64Arg(1, "a positive integer")
+		return err
+	}},
+	{name: "window", usage: "window <duration>", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Window, err = p.windowArg()
+		return err
+	}},
+	{name: "burst", usage: "burst <n>", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Burst, err = p.int64Arg(1, "a positive integer")
+		return err
+	}},
+	{name: "cost", usage: "cost <n|placeholder>", parse: func(p cfParser, ps *policyState) error {
+		s, err := p.word()
+		if err != nil {
+			return err
+		}
+		if err := checkCost(Cost(s)); err != nil {
+			return p.errf("%v", err)
+		}
+		ps.pc.Cost = Cost(s)
+		return nil
+	}},
+	{name: "min_interval", usage: "min_interval <duration>", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.MinInterval, err = p.durationArg()
+		return err
+	}},
+	{name: "tier", usage: "tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+		return ps.parseLimitRule(p, &ps.pc.Tiers)
+	}},
+	{name: "override", usage: "override <tenant> <limit> [<window>] [burst <n>] [shadow] | override <tenant> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+		return ps.parseLimitRule(p, &ps.pc.Overrides)
+	}},
+	{name: "lease", usage: "lease <max_tokens> [<ttl>]", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Lease, err = p.lease()
+		return err
+	}},
+	{name: "shadow", usage: "shadow", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+		ps.pc.Shadow = true
+		return p.flag()
+	}},
+	{name: "fail", usage: "fail " + strings.Join(failModeValues, "|"), parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.FailMode, err = p.enum(failModeValues)
+		return err
+	}},
+	{name: "ipv4_prefix", usage: "ipv4_prefix <bits>", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.IPv4Prefix, err = p.intRange(0, 32)
+		return err
+	}},
+	{name: "ipv6_prefix", usage: "ipv6_prefix <bits>", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.IPv6Prefix, err = p.intRange(0, 128)
+		return err
+	}},
+}
+
+// redisBlock lists the subdirectives of `redis { ... }`.
+var redisBlock = block[*RedisConfig]{
+	{name: "address", usage: "address <host:port>...", repeatable: true, parse: func(p cfParser, rc *RedisConfig) error {
+		addrs, err := p.args(1, -1)
+		if err != nil {
+			return err
+		}
+		return p.addAddresses(rc, addrs)
+	}},
+	{name: "cluster", usage: "cluster", repeatable: true, parse: func(p cfParser, rc *RedisConfig) error {
+		rc.Cluster = true
+		return p.flag()
+	}},
+	{name: "sentinel", usage: "sentinel <master_name>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.SentinelMaster, err = p.word()
+		return err
+	}},
+	{name: "username", usage: "username <user>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.Username, err = p.word()
+		return err
+	}},
+	{name: "password", usage: "password <password>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.Password, err = p.word()
+		return err
+	}},
+	{name: "db", usage: "db <n>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.DB, err = p.intArg(0, "a non-negative integer")
+		return err
+	}},
+	{name: "tls", usage: "tls [insecure_skip_verify] [{ ca <file> cert <file> key <file> server_name <name> insecure_skip_verify }]", parse: parseRedisTLS},
+	{name: "pool_size", usage: "pool_size <n>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.PoolSize, err = p.intArg(1, "a positive integer")
+		return err
+	}},
+	{name: "timeout", usage: "timeout <duration>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.Timeout, err = p.durationArg()
+		return err
+	}},
+	{name: "key_prefix", usage: "key_prefix <string>", parse: func(p cfParser, rc *RedisConfig) error {
+		s, err := p.word()
+		if err != nil {
+			return err
+		}
+		if !limiter.ValidName(s) {
+			return p.dirErr("%q: %s", s, nameRule)
+		}
+		rc.KeyPrefix = s
+		return nil
+	}},
+	{name: "breaker_failures", usage: "breaker_failures <n>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.BreakerFailures, err = p.intArg(1, "a positive integer")
+		return err
+	}},
+	{name: "breaker_cooldown", usage: "breaker_cooldown <duration>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.BreakerCooldown, err = p.durationArg()
+		return err
+	}},
+}
+
+// tlsBlock lists the subdirectives of the redis `tls { ... }` block.
+var tlsBlock = block[*RedisTLSConfig]{
+	{name: "ca", usage: "ca <file>", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
+		t.CA, err = p.word()
+		return err
+	}},
+	{name: "cert", usage: "cert <file>", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
+		t.Cert, err = p.word()
+		return err
+	}},
+	{name: "key", usage: "key <file>", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
+		t.Key, err = p.word()
+		return err
+	}},
+	{name: "server_name", usage: "server_name <name>", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
+		t.ServerName, err = p.word()
+		return err
+	}},
+	{name: "insecure_skip_verify", usage: "insecure_skip_verify", repeatable: true, parse: func(p cfParser, t *RedisTLSConfig) error {
+		t.InsecureSkipVerify = true
+		return p.flag()
+	}},
+}
+
+// distributedConfig is caddy-ratelimit's `distributed` block. Tollgate
+// keeps it (durations as written) only so the adapted JSON shows what was
+// configured; the handler ignores it with a warning because `redis`
+// supersedes it.
+type distributedConfig struct {
+	ReadInterval  string `json:"read_interval,omitempty"`
+	WriteInterval string `json:"write_interval,omitempty"`
+	PurgeAge      string `json:"purge_age,omitempty"`
+}
+
+var distributedBlock = block[*distributedConfig]{
+	{name: "read_interval", usage: "read_interval <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
+		c.ReadInterval, err = p.durationText()
+		return err
+	}},
+	{name: "write_interval", usage: "write_interval <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
+		c.WriteInterval, err = p.durationText()
+		return err
+	}},
+	{name: "purge_age", usage: "purge_age <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
+		c.PurgeAge, err = p.durationText()
+		return err
+	}},
+}
+
+// --- block machinery -------------------------------------------------------
+
+// cfParser carries the dispenser and names the place in the configuration
+// that error messages refer to.
+type cfParser struct {
+	d     *caddyfile.Dispenser
+	scope string // e.g. "policy api", "redis"; empty at the top level
+	dir   string // the subdirective being parsed, as written
+	usage string // its syntax, for error messages
+}
+
+// subdirective is one entry of a block: its name, syntax and parser.
+type subdirective[T any] struct {
+	name       string
+	aliases    []string
+	usage      string
+	repeatable bool // may appear more than once in its block
+	parse      func(p cfParser, target T) error
+}
+
+// block is the list of subdirectives a block accepts.
+type block[T any] []subdirective[T]
+
+func (b block[T]) lookup(name string) *subdirective[T] {
+	for i := range b {
+		if b[i].name == name {
+			return &b[i]
+		}
+		for _, a := range b[i].aliases {
+			if a == name {
+				return &b[i]
+			}
+		}
+	}
+	return nil
+}
+
+// allowed lists the subdirective names for an "unknown subdirective" error.
+func (b block[T]) allowed() string {
+	names := make([]string, 0, len(b))
+	for _, s := range b {
+		n := s.name
+		if len(s.aliases) > 0 {
+			n += " (alias " + strings.Join(s.aliases, ", ") + ")"
+		}
+		names = append(names, n)
+	}
+	return strings.Join(names, ", ")
+}
+
+// tokenRecorder is implemented by block targets that need to point at a
+// subdirective's line after the whole block has been read.
+type tokenRecorder interface {
+	record(name string, tok caddyfile.Token)
+}
+
+// parseBlock reads the block that opens at the end of the current line and
+// hands each subdirective to its parser. It refuses unknown subdirectives
+// and repeats of single-valued ones.
+func parseBlock[T any](p cfParser, b block[T], target T) error {
+	seen := make(map[string]int) // canonical name -> line
+	for nesting := p.d.Nesting(); p.d.NextBlock(nesting); {
+		name := p.d.Val()
+		sd := b.lookup(name)
+		if sd == nil {
+			return p.errf("unknown subdirective %q (allowed: %s)", name, b.allowed())
+		}
+		if !sd.repeatable {
+			if line, dup := seen[sd.name]; dup {
+				return p.errf("%s already specified at line %d", name, line)
+			}
+			seen[sd.name] = p.d.Line()
+		}
+		if r, ok := any(target).(tokenRecorder); ok {
+			r.record(sd.name, p.d.Token())
+		}
+		sp := p
+		sp.dir, sp.usage = name, sd.usage
+		if err := sd.parse(sp, target); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sub returns a parser for a nested block whose errors are prefixed scope.
+func (p cfParser) sub(scope string) cfParser {
+	return cfParser{d: p.d, scope: scope}
+}
+
+// errf reports an error at the current token, prefixed with the scope.
+func (p cfParser) errf(format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	if p.scope != "" {
+		msg = p.scope + ": " + msg
+	}
+	return p.d.Err(msg)
+}
+
+// dirErr reports an error about the current subdirective.
+func (p cfParser) dirErr(format string, args ...any) error {
+	return p.errf("%s: %s", p.dir, fmt.Sprintf(format, args...))
+}
+
+// errAt reports an error at the line of tok (a subdirective read earlier).
+func (p cfParser) errAt(tok caddyfile.Token, format string, args ...any) error {
+	at := cfParser{d: caddyfile.NewDispenser([]caddyfile.Token{tok}), scope: p.scope}
+	at.d.Next()
+	return at.errf(format, args...)
+}
+
+// lineArgs returns the arguments on the rest of the line, which must number
+// between min and max (max < 0: no upper bound). A block may follow.
+func (p cfParser) lineArgs(min, max int) ([]string, error) {
+	args := p.d.RemainingArgs()
+	if len(args) < min || (max >= 0 && len(args) > max) {
+		return nil, p.dirErr("wrong number of arguments (%d); usage: %s", len(args), p.usage)
+	}
+	return args, nil
+}
+
+// args is lineArgs for a subdirective that takes no block.
+func (p cfParser) args(min, max int) ([]string, error) {
+	args, err := p.lineArgs(min, max)
+	if err != nil {
+		return nil, err
+	}
+	if last := p.d.Token(); p.d.NextBlock(p.d.Nesting()) {
+		return nil, p.errAt(last, "%s: takes no block; usage: %s", p.dir, p.usage)
+	}
+	return args, nil
+}
+
+// flag checks that a flag subdirective has no arguments.
+func (p cfParser) flag() error {
+	_, err := p.args(0, 0)
+	return err
+}
+
+// word returns the single argument of the subdirective.
+func (p cfParser) word() (string, error) {
+	args, err := p.args(1, 1)
+	if err != nil {
+		return "", err
+	}
+	return args[0], nil
+}
+
+// enum returns the single argument, which must be one of allowed.
+func (p cfParser) enum(allowed []string) (string, error) {
+	s, err := p.word()
+	if err != nil {
+		return "", err
+	}
+	if err := checkEnum(s, allowed); err != nil {
+		return "", p.dirErr("%v", err)
+	}
+	return s, nil
+}
+
+// parseInt parses s as an integer of at least min; want describes the
+// accepted values for the error message.
+func (p cfParser) parseInt(s string, min, max int64, want string) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, p.dirErr("%q is not a valid integer (want %s)", s, want)
+	}
+	if n < min || n > max {
+		return 0, p.dirErr("%d is out of range (want %s)", n, want)
+	}
+	return n, nil
+}
+
+// int64Arg reads one integer argument of at least min.
+func (p cfParser) int64Arg(min int64, want string) (int64, error) {
+	s, err := p.word()
+	if err != nil {
+		return 0, err
+	}
+	return p.parseInt(s, min, math.MaxInt64, want)
+}
+
+// intArg reads one int argument of at least min.
+func (p cfParser) intArg(min int64, want string) (int, error) {
+	s, err := p.word()
+	if err != nil {
+		return 0, err
+	}
+	n, err := p.parseInt(s, min, math.MaxInt32, want)
+	return int(n), err
+}
+
+// intRange reads one int argument between min and max inclusive.
+func (p cfParser) intRange(min, max int64) (int, error) {
+	s, err := p.word()
+	if err != nil {
+		return 0, err
+	}
+	n, err := p.parseInt(s, min, max, fmt.Sprintf("an integer from %d to %d", min, max))
+	return int(n), err
+}
+
+// parseDuration parses a positive duration such as 500ms, 1m or 1d.
+func (p cfParser) parseDuration(s string) (caddy.Duration, error) {
+	v, err := caddy.ParseDuration(s)
+	if err != nil {
+		return 0, p.dirErr("%q is not a valid duration (want e.g. 100ms, 10s, 1m, 1h, 1d)", s)
+	}
+	if v <= 0 {
+		return 0, p.dirErr("%q must be a positive duration", s)
+	}
+	return caddy.Duration(v), nil
+}
+
+// durationArg reads one positive duration argument.
+func (p cfParser) durationArg() (caddy.Duration, error) {
+	s, err := p.word()
+	if err != nil {
+		return 0, err
+	}
+	return p.parseDuration(s)
+}
+
+// durationText reads one positive duration argument and returns it as written.
+func (p cfParser) durationText() (string, error) {
+	s, err := p.word()
+	if err != nil {
+		return "", err
+	}
+	_, err = p.parseDuration(s)
+	return s, err
+}
+
+// parseWindow parses a policy or tier window: positive and at most
+// limiter.MaxWindow.
+func (p cfParser) parseWindow(s string) (caddy.Duration, error) {
+	w, err := p.parseDuration(s)
+	if err != nil {
+		return 0, err
+	}
+	if err := checkWindow(w); err != nil {
+		return 0, p.dirErr("%v", err)
+	}
+	return w, nil
+}
+
+// windowArg reads one window argument.
+func (p cfParser) windowArg() (caddy.Duration, error) {
+	s, err := p.word()
+	if err != nil {
+		return 0, err
+	}
+	return p.parseWindow(s)
+}
+
+// lease reads `lease <max_tokens> [<ttl>]`.
+func (p cfParser) lease() (*LeaseConfig, error) {
+	args, err := p.args(1, 2)
+	if err != nil {
+		return nil, err
+	}
+	lc := new(LeaseConfig)
+	if lc.MaxTokens, err = p.parseInt(args[0], 0, math.MaxInt64, "a non-negative integer; 0 disables leasing"); err != nil {
+		return nil, err
+	}
+	if len(args) == 2 {
+		if lc.TTL, err = p.parseDuration(args[1]); err != nil {
+			return nil, err
+		}
+	}
+	return lc, nil
+}
+
+// --- handler-level subdirectives ------------------------------------------
+
+func parseTenantTier(p cfParser, h *Handler) error {
+	args, err := p.args(2, 2)
+	if err != nil {
+		return err
+	}
+	tenant, tier := args[0], args[1]
+	if tenant == "" || tier == "" {
+		return p.dirErr("tenant and tier must not be empty")
+	}
+	if prev, dup := h.TenantTiers[tenant]; dup {
+		return p.dirErr("tenant %q is already mapped to tier %q", tenant, prev)
+	}
+	if h.TenantTiers == nil {
+		h.TenantTiers = make(map[string]string)
+	}
+	h.TenantTiers[tenant] = tier
+	return nil
+}
+
+func parseJitter(p cfParser, h *Handler) error {
+	s, err := p.word()
+	if err != nil {
+		return err
+	}
+	j, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return p.dirErr("%q is not a number (want a fraction from 0 to %d, e.g. 0.2 for up to 20%% extra)", s, maxJitter)
+	}
+	if err := checkJitter(j); err != nil {
+		return p.dirErr("%v", err)
+	}
+	h.Jitter = j
+	return nil
+}
+
+// defaultDenialsStream is the stream length of a bare `denials_stream`.
+const defaultDenialsStream = 10000
+
+func parseDenialsStream(p cfParser, h *Handler) error {
+	args, err := p.args(0, 1)
+	if err != nil {
+		return err
+	}
+	if len(args) == 0 {
+		h.DenialsStream = defaultDenialsStream
+		return nil
+	}
+	n, err := p.parseInt(args[0], 1, math.MaxInt32, "a positive integer")
+	h.DenialsStream = int(n)
+	return err
+}
+
+func parseDistributed(p cfParser, h *Handler) error {
+	if _, err := p.lineArgs(0, 0); err != nil {
+		return err
+	}
+	var c distributedConfig
+	if err := parseBlock(p.sub("distributed"), distributedBlock, &c); err != nil {
+		return err
+	}
+	raw, err := json.Marshal(c)
+	if err != nil {
+		return p.dirErr("%v", err)
+	}
+	h.Distributed = raw
+	return nil
+}
+
+func parseStorage(p cfParser, h *Handler) error {
+	if !p.d.NextArg() {
+		return p.dirErr("missing storage module name; usage: %s", p.usage)
+	}
+	modID := "caddy.storage." + p.d.Val()
+	unm, err := caddyfile.UnmarshalModule(p.d, modID)
+	if err != nil {
+		return p.wrap(err)
+	}
+	storage, ok := unm.(caddy.StorageConverter)
+	if !ok {
+		return p.dirErr("module %s is not a storage module", modID)
+	}
+	h.StorageRaw = caddyconfig.JSONModuleObject(storage, "module", storage.(caddy.Module).CaddyModule().ID.Name(), nil)
+	return nil
+}
+
+// wrap prefixes an error from Caddy's own parsers (matchers, storage
+// modules) with the scope. Those errors normally already carry a location;
+// when one does not, the current line is added.
+func (p cfParser) wrap(err error) error {
+	if !strings.Contains(err.Error(), ", at ") {
+		return p.dirErr("%v", err)
+	}
+	if p.scope != "" {
+		return fmt.Errorf("%s: %s: %w", p.scope, p.dir, err)
+	}
+	return fmt.Errorf("%s: %w", p.dir, err)
+}
+
+// --- redis -----------------------------------------------------------------
+
+func parseRedis(p cfParser, h *Handler) error {
+	tok := p.d.Token()
+	addrs, err := p.lineArgs(0, -1)
+	if err != nil {
+		return err
+	}
+	rc := new(RedisConfig)
+	if err := p.addAddresses(rc, addrs); err != nil {
+		return err
+	}
+	if err := parseBlock(p.sub("redis"), redisBlock, rc); err != nil {
+		return err
+	}
+	rp := p.sub("redis")
+	switch {
+	case len(rc.Addresses) == 0:
+		return rp.errAt(tok, "at least one address is required (address <host:port>...)")
+	case rc.Cluster && rc.SentinelMaster != "":
+		return rp.errAt(tok, "cluster and sentinel are mutually exclusive")
+	case rc.Cluster && rc.DB != 0:
+		return rp.errAt(tok, "db %d: Redis Cluster has only db 0", rc.DB)
+	case rc.TLS != nil && (rc.TLS.Cert == "") != (rc.TLS.Key == ""):
+		return rp.errAt(tok, "tls: cert and key must be given together")
+	}
+	h.Redis = rc
+	return nil
+}
+
+func (p cfParser) addAddresses(rc *RedisConfig, addrs []string) error {
+	for _, a := range addrs {
+		if err := checkAddress(a); err != nil {
+			return p.dirErr("%v", err)
+		}
+		rc.Addresses = append(rc.Addresses, a)
+	}
+	return nil
+}
+
+func parseRedisTLS(p cfParser, rc *RedisConfig) error {
+	args, err := p.lineArgs(0, 1)
+	if err != nil {
+		return err
+	}
+	t := new(RedisTLSConfig)
+	if len(args) == 1 {
+		if args[0] != "insecure_skip_verify" {
+			return p.dirErr("unknown argument %q (allowed: insecure_skip_verify)", args[0])
+		}
+		t.InsecureSkipVerify = true
+	}
+	if err := parseBlock(p.sub("redis: tls"), tlsBlock, t); err != nil {
+		return err
+	}
+	rc.TLS = t
+	return nil
+}
+
+// --- policies --------------------------------------------------------------
+
+// policyState is a policy being read, with the tokens of its subdirectives
+// so that checks made at the end of the block can name the right line.
+type policyState struct {
+	name  string
+	pc    *PolicyConfig
+	start caddyfile.Token
+	toks  map[string]caddyfile.Token // subdirective, or "tier <name>" / "override <name>"
+}
+
+func (ps *policyState) record(name string, tok caddyfile.Token) { ps.toks[name] = tok }
+
+func parsePolicy(p cfParser, h *Handler) error {
+	start := p.d.Token()
+	args, err := p.lineArgs(1, 1)
+	if err != nil {
+		return err
+	}
+	name := args[0]
+	if !limiter.ValidName(name) {
+		return p.dirErr("invalid name %q: %s", name, nameRule)
+	}
+	if _, dup := h.RateLimits[name]; dup {
+		return p.dirErr("duplicate policy name %q: each policy needs its own name", name)
+	}
+	ps := &policyState{name: name, pc: new(PolicyConfig), start: start, toks: make(map[string]caddyfile.Token)}
+	pp := p.sub(p.dir + " " + name)
+	if err := parseBlock(pp, policyBlock, ps); err != nil {
+		return err
+	}
+	if err := ps.finish(pp, h); err != nil {
+		return err
+	}
+	if h.RateLimits == nil {
+		h.RateLimits = make(map[string]*PolicyConfig)
+	}
+	h.RateLimits[name] = ps.pc
+	return nil
+}
+
+func parseMatch(p cfParser, ps *policyState) error {
+	set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(p.d)
+	if err != nil {
+		return p.wrap(err)
+	}
+	if len(set) > 0 {
+		ps.pc.MatcherSetsRaw = append(ps.pc.MatcherSetsRaw, set)
+	}
+	return nil
+}
+
+// parseLimitRule reads a `tier` or `override` line into m:
+//
+//	<name> <limit> [<window>] [burst <n>] [shadow]
+//	<name> unlimited
+func (ps *policyState) parseLimitRule(p cfParser, m *map[string]*LimitConfig) error {
+	tok := p.d.Token()
+	args, err := p.args(2, 6)
+	if err != nil {
+		return err
+	}
+	name := args[0]
+	if name == "" {
+		return p.dirErr("name must not be empty; usage: %s", p.usage)
+	}
+	if prev, dup := ps.toks[p.dir+" "+name]; dup {
+		return p.dirErr("%q already specified at line %d", name, prev.Line)
+	}
+	lc := new(LimitConfig)
+	if args[1] == "unlimited" {
+		if len(args) > 2 {
+			return p.dirErr("nothing may follow unlimited; usage: %s", p.usage)
+		}
+		lc.Unlimited = true
+	} else {
+		if lc.MaxEvents, err = p.parseInt(args[1], 1, math.MaxInt64, "a positive integer or unlimited"); err != nil {
+			return err
+		}
+		if err := p.limitOptions(lc, args[2:]); err != nil {
+			return err
+		}
+	}
+	ps.toks[p.dir+" "+name] = tok
+	if *m == nil {
+		*m = make(map[string]*LimitConfig)
+	}
+	(*m)[name] = lc
+	return nil
+}
+
+// limitOptions reads the optional `[<window>] [burst <n>] [shadow]` part of
+// a tier or override line, in any order.
+func (p cfParser) limitOptions(lc *LimitConfig, opts []string) error {
+	var window, burst, shadow bool
+	for i := 0; i < len(opts); i++ {
+		var err error
+		switch opt := opts[i]; {
+		case opt == "burst":
+			if burst || i+1 == len(opts) {
+				return p.dirErr("burst must be given once, with a value; usage: %s", p.usage)
+			}
+			i++
+			lc.Burst, err = p.parseInt(opts[i], 1, math.MaxInt64, "a positive integer")
+			burst = true
+		case opt == "shadow":
+			if shadow {
+				return p.dirErr("shadow given twice; usage: %s", p.usage)
+			}
+			lc.Shadow, shadow = true, true
+		case window:
+			return p.dirErr("unexpected %q; usage: %s", opt, p.usage)
+		default:
+			lc.Window, err = p.parseWindow(opt)
+			window = true
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finish checks what can only be checked once the whole policy block has
+// been read (the algorithm may come after burst), pointing at the line of
+// the subdirective at fault.
+func (ps *policyState) finish(p cfParser, h *Handler) error {
+	pc := ps.pc
+	alg, err := limiter.ParseAlgorithm(pc.Algorithm)
+	if err != nil { // already refused while parsing
+		return p.errAt(ps.start, "%v", err)
+	}
+	if pc.MaxEvents == 0 {
+		return p.errAt(ps.start, "limit is required (`limit <n>`, alias `events`)")
+	}
+	if pc.Window == 0 && alg != limiter.Concurrency {
+		return p.errAt(ps.start, "window is required for algorithm %s (`window <duration>`; only concurrency takes none)", alg)
+	}
+	if pc.Burst > 0 && !alg.UsesBurst() {
+		return p.errAt(ps.toks["burst"], "%s", burstMisuse(alg))
+	}
+	for _, kind := range []struct {
+		dir   string
+		rules map[string]*LimitConfig
+	}{{"tier", pc.Tiers}, {"override", pc.Overrides}} {
+		for _, name := range sortedKeys(kind.rules) {
+			if kind.rules[name].Burst > 0 && !alg.UsesBurst() {
+				return p.errAt(ps.toks[kind.dir+" "+name], "%s %s: %s", kind.dir, name, burstMisuse(alg))
+			}
+		}
+	}
+	if pc.MinInterval > 0 && alg != limiter.SlidingLog {
+		return p.errAt(ps.toks["min_interval"], "%s", minIntervalMisuse(alg))
+	}
+	if pc.Lease != nil && pc.Lease.MaxTokens > 0 && !alg.SupportsLease() {
+		return p.errAt(ps.toks["lease"], "%s", leaseMisuse(alg))
+	}
+	if _, err := buildPolicy(ps.name, pc, h); err != nil {
+		return p.errAt(ps.start, "%v", err)
+	}
+	return nil
+}

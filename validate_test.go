@@ -1,0 +1,263 @@
+package tollgate
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// jsonHandler decodes a handler config the way Caddy does.
+func jsonHandler(t *testing.T, config string) *Handler {
+	t.Helper()
+	var h Handler
+	if err := json.Unmarshal([]byte(config), &h); err != nil {
+		t.Fatalf("decoding %s: %v", config, err)
+	}
+	return &h
+}
+
+func TestValidateConfigAccepts(t *testing.T) {
+	tests := []struct{ name, config string }{
+		{"minimal", `{"rate_limits":{"api":{"max_events":10,"window":"1m"}}}`},
+		{"durations as nanoseconds", `{"rate_limits":{"api":{"max_events":10,"window":60000000000}}}`},
+		{"caddy-ratelimit README JSON", `{
+			"handler": "rate_limit",
+			"rate_limits": {
+				"static_example": {"match": [{"method": ["GET"]}], "key": "static", "window": "1m", "max_events": 100},
+				"dynamic_example": {"key": "{http.request.remote.host}", "window": "5s", "max_events": 2}
+			},
+			"distributed": {},
+			"log_key": true
+		}`},
+		{"caddy-ratelimit ipv6 prefix", `{"handler":"rate_limit","rate_limits":{"per_network":{"key":"{http.request.remote.host}","window":"1m","max_events":100,"ipv6_prefix":64}}}`},
+		{"caddy-ratelimit all fields", `{"handler":"rate_limit","rate_limits":{"z":{"match":[],"key":"","window":"1s","max_events":1,"ipv4_prefix":0,"ipv6_prefix":0}},
+			"jitter":0.0,"sweep_interval":"1m","log_key":false,"disable_metrics":false,"storage":{"module":"file_system","root":"/tmp"},
+			"distributed":{"write_interval":"5s","read_interval":"5s","purge_age":"1m"}}`},
+		{"everything", `{
+			"redis": {"addresses": ["a:6379", "[::1]:6380"], "sentinel_master": "m", "username": "u", "password": "{env.P}",
+				"db": 2, "tls": {"insecure_skip_verify": true, "ca": "ca", "cert": "c", "key": "k", "server_name": "s"},
+				"pool_size": 10, "timeout": "100ms", "key_prefix": "rl", "breaker_failures": 3, "breaker_cooldown": "5s"},
+			"tenant": "{http.auth.user.id}", "tier": "{http.request.header.X-Plan}",
+			"tenant_tiers": {"acme": "gold"}, "missing_tenant": "deny", "lease": {"max_tokens": 10, "ttl": "1s"},
+			"shadow": true, "fail_mode": "closed", "headers": "legacy", "jitter": 0.5, "denials_stream": 100,
+			"metrics_tenants": 5, "log_key": true, "sweep_interval": "30s", "disable_metrics": true,
+			"rate_limits": {
+				"api": {"key": "{http.request.uri.path}", "algorithm": "token_bucket", "max_events": 100, "window": "1m",
+					"burst": 200, "cost": 2, "tiers": {"gold": {"max_events": 1000, "burst": 2000, "shadow": true}, "free": {"unlimited": true}},
+					"overrides": {"acme": {"max_events": 5, "window": "1s"}}, "lease": {"max_tokens": 5}, "shadow": true,
+					"fail_mode": "open", "ipv4_prefix": 24, "ipv6_prefix": 64},
+				"log": {"algorithm": "sliding_log", "max_events": 5, "window": "1m", "min_interval": "1s", "cost": "{http.request.header.X-Cost}"},
+				"conc": {"algorithm": "concurrency", "max_events": 3, "lease": {"max_tokens": 0}}
+			}
+		}`},
+		{"handler lease is skipped by policies that cannot lease", `{"lease":{"max_tokens":10},"rate_limits":{"c":{"algorithm":"concurrency","max_events":1},"l":{"algorithm":"sliding_log","max_events":1,"window":"1s"}}}`},
+		{"cost zero", `{"rate_limits":{"api":{"max_events":10,"window":"1m","cost":0}}}`},
+		{"cost string number", `{"rate_limits":{"api":{"max_events":10,"window":"1m","cost":"4"}}}`},
+		{"jitter at bound", `{"jitter":100,"rate_limits":{"api":{"max_events":10,"window":"1m"}}}`},
+		{"host-less redis address", `{"redis":{"addresses":[":6379"]},"rate_limits":{"api":{"max_events":10,"window":"1m"}}}`},
+		{"window at maximum", `{"rate_limits":{"api":{"max_events":10,"window":"8784h"}}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := jsonHandler(t, tt.config).validateConfig(); err != nil {
+				t.Fatalf("validateConfig: %v", err)
+			}
+		})
+	}
+}
+
+func TestValidateConfigRejects(t *testing.T) {
+	// pol is a valid policy to complete handler-level cases.
+	const pol = `"rate_limits":{"api":{"max_events":10,"window":"1m"}}`
+	tests := []struct {
+		name   string
+		config string
+		want   string
+	}{
+		{"no policy", `{}`, "rate_limits: no policy defined"},
+		{"empty rate_limits", `{"rate_limits":{}}`, "rate_limits: no policy defined"},
+		{"null policy", `{"rate_limits":{"api":null}}`, "rate_limits.api: policy is null"},
+		{"bad policy name", `{"rate_limits":{"a b":{"max_events":1,"window":"1s"}}}`, `rate_limits: policy name "a b": use 1-64 letters, digits, '_', '-' or '.'`},
+		{"missing_tenant", `{"missing_tenant":"allow",` + pol + `}`, `missing_tenant: "allow": unknown value (allowed: shared, deny)`},
+		{"headers", `{"headers":"draft",` + pol + `}`, `headers: "draft": unknown value (allowed: both, ietf, legacy, off)`},
+		{"fail_mode", `{"fail_mode":"soft",` + pol + `}`, `fail_mode: "soft": unknown value (allowed: open, closed, local)`},
+		{"jitter negative", `{"jitter":-1,` + pol + `}`, "jitter: -1: want a fraction from 0 to 100"},
+		{"jitter too big", `{"jitter":101,` + pol + `}`, "jitter: 101: want a fraction from 0 to 100"},
+		{"denials_stream negative", `{"denials_stream":-1,` + pol + `}`, "denials_stream: -1: must not be negative"},
+		{"metrics_tenants negative", `{"metrics_tenants":-2,` + pol + `}`, "metrics_tenants: -2: must not be negative"},
+		{"sweep_interval negative", `{"sweep_interval":"-1s",` + pol + `}`, "sweep_interval: -1s: must not be negative"},
+		{"tenant_tiers empty tier", `{"tenant_tiers":{"acme":""},` + pol + `}`, `tenant_tiers: "acme": "": tenant and tier must not be empty`},
+		{"lease negative", `{"lease":{"max_tokens":-1},` + pol + `}`, "lease.max_tokens: -1: must not be negative"},
+		{"lease ttl negative", `{"lease":{"max_tokens":1,"ttl":"-1s"},` + pol + `}`, "lease.ttl: must not be negative"},
+
+		{"redis no address", `{"redis":{},` + pol + `}`, "redis.addresses: at least one host:port is required"},
+		{"redis bad address", `{"redis":{"addresses":["a:1","redis"]},` + pol + `}`, `redis.addresses[1]: "redis": want host:port`},
+		{"redis bad port", `{"redis":{"addresses":["a:port"]},` + pol + `}`, `redis.addresses[0]: "a:port": want host:port`},
+		{"redis port zero", `{"redis":{"addresses":["a:0"]},` + pol + `}`, `redis.addresses[0]: "a:0": want host:port`},
+		{"redis cluster sentinel", `{"redis":{"addresses":["a:1"],"cluster":true,"sentinel_master":"m"},` + pol + `}`, "redis: cluster and sentinel_master are mutually exclusive"},
+		{"redis db negative", `{"redis":{"addresses":["a:1"],"db":-1},` + pol + `}`, "redis.db: -1: must not be negative"},
+		{"redis cluster db", `{"redis":{"addresses":["a:1"],"cluster":true,"db":1},` + pol + `}`, "redis.db: 1: Redis Cluster has only db 0"},
+		{"redis pool_size", `{"redis":{"addresses":["a:1"],"pool_size":-1},` + pol + `}`, "redis.pool_size: -1: must not be negative"},
+		{"redis timeout", `{"redis":{"addresses":["a:1"],"timeout":"-1ms"},` + pol + `}`, "redis.timeout: must not be negative"},
+		{"redis key_prefix", `{"redis":{"addresses":["a:1"],"key_prefix":"a{b}"},` + pol + `}`, `redis.key_prefix: "a{b}": use 1-64 letters`},
+		{"redis breaker_failures", `{"redis":{"addresses":["a:1"],"breaker_failures":-3},` + pol + `}`, "redis.breaker_failures: -3: must not be negative"},
+		{"redis breaker_cooldown", `{"redis":{"addresses":["a:1"],"breaker_cooldown":"-5s"},` + pol + `}`, "redis.breaker_cooldown: must not be negative"},
+		{"redis tls key only", `{"redis":{"addresses":["a:1"],"tls":{"key":"k"}},` + pol + `}`, "redis.tls: cert and key must be given together"},
+
+		{"algorithm unknown", `{"rate_limits":{"api":{"algorithm":"foo","max_events":1,"window":"1s"}}}`, `rate_limits.api: algorithm "foo": unknown (allowed: token_bucket, gcra, sliding_window, fixed_window, sliding_log, concurrency)`},
+		{"max_events missing", `{"rate_limits":{"api":{"window":"1s"}}}`, "rate_limits.api.max_events: 0: required, must be a positive integer"},
+		{"max_events negative", `{"rate_limits":{"api":{"max_events":-4,"window":"1s"}}}`, "rate_limits.api.max_events: -4: required, must be a positive integer"},
+		{"window missing", `{"rate_limits":{"api":{"max_events":1}}}`, "rate_limits.api.window: required for algorithm sliding_window (only concurrency takes none)"},
+		{"window negative", `{"rate_limits":{"api":{"max_events":1,"window":"-1s"}}}`, "rate_limits.api.window: must not be negative"},
+		{"window too long", `{"rate_limits":{"api":{"max_events":1,"window":"10000h"}}}`, "rate_limits.api.window: 10000h0m0s is longer than the maximum 8784h0m0s"},
+		{"burst on sliding_window", `{"rate_limits":{"api":{"max_events":1,"window":"1s","burst":5}}}`, "rate_limits.api.burst: burst applies only to token_bucket and gcra, not sliding_window"},
+		{"burst negative", `{"rate_limits":{"api":{"algorithm":"gcra","max_events":1,"window":"1s","burst":-5}}}`, "rate_limits.api.burst: must not be negative"},
+		{"cost negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":-2}}}`, "rate_limits.api.cost: -2: must not be negative"},
+		{"cost word", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":"heavy"}}}`, `rate_limits.api.cost: "heavy": want a non-negative integer or a placeholder`},
+		{"cost fraction", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":1.5}}}`, `rate_limits.api.cost: "1.5"`},
+		{"min_interval wrong algorithm", `{"rate_limits":{"api":{"max_events":1,"window":"1s","min_interval":"1s"}}}`, "rate_limits.api.min_interval: min_interval applies only to sliding_log, not sliding_window"},
+		{"min_interval negative", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","min_interval":"-1s"}}}`, "rate_limits.api.min_interval: must not be negative"},
+		{"tier null", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":null}}}}`, "rate_limits.api.tiers.gold: is null"},
+		{"tier empty name", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"":{"max_events":1}}}}}`, "rate_limits.api.tiers.: the name must not be empty"},
+		{"tier no max_events", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"window":"1m"}}}}}`, "rate_limits.api.tiers.gold.max_events: 0: required, must be a positive integer (or set unlimited)"},
+		{"tier burst wrong algorithm", `{"rate_limits":{"api":{"algorithm":"fixed_window","max_events":1,"window":"1s","tiers":{"gold":{"max_events":5,"burst":9}}}}}`, "rate_limits.api.tiers.gold.burst: burst applies only to token_bucket and gcra, not fixed_window"},
+		{"tier unlimited with limit", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"unlimited":true,"max_events":5}}}}}`, "rate_limits.api.tiers.gold: unlimited excludes max_events, window and burst"},
+		{"tier window negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"max_events":5,"window":"-1s"}}}}}`, "rate_limits.api.tiers.gold.window: must not be negative"},
+		{"override window too long", `{"rate_limits":{"api":{"max_events":1,"window":"1s","overrides":{"acme":{"max_events":5,"window":"9000h"}}}}}`, "rate_limits.api.overrides.acme.window: 9000h0m0s is longer than the maximum"},
+		{"override burst negative", `{"rate_limits":{"api":{"algorithm":"token_bucket","max_events":1,"window":"1s","overrides":{"acme":{"max_events":5,"burst":-1}}}}}`, "rate_limits.api.overrides.acme.burst: must not be negative"},
+		{"lease on sliding_log", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","lease":{"max_tokens":5}}}}`, "rate_limits.api.lease: sliding_log cannot lease units"},
+		{"lease on concurrency", `{"rate_limits":{"api":{"algorithm":"concurrency","max_events":1,"lease":{"max_tokens":5}}}}`, "rate_limits.api.lease: concurrency cannot lease units"},
+		{"policy lease negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","lease":{"max_tokens":-5}}}}`, "rate_limits.api.lease.max_tokens: -5: must not be negative"},
+		{"policy fail_mode", `{"rate_limits":{"api":{"max_events":1,"window":"1s","fail_mode":"sometimes"}}}`, `rate_limits.api.fail_mode: "sometimes": unknown value (allowed: open, closed, local)`},
+		{"ipv4_prefix", `{"rate_limits":{"api":{"max_events":1,"window":"1s","ipv4_prefix":33}}}`, "rate_limits.api.ipv4_prefix: 33: must be from 0 to 32"},
+		{"ipv6_prefix", `{"rate_limits":{"api":{"max_events":1,"window":"1s","ipv6_prefix":-1}}}`, "rate_limits.api.ipv6_prefix: -1: must be from 0 to 128"},
+		{"first bad policy in name order", `{"rate_limits":{"b":{"max_events":1},"a":{"window":"1s"}}}`, "rate_limits.a.max_events"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := jsonHandler(t, tt.config).validateConfig()
+			if err == nil {
+				t.Fatalf("validateConfig accepted %s", tt.config)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q does not contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestBuildPolicy(t *testing.T) {
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	tests := []struct {
+		name    string
+		handler string // handler JSON; the policy under test is rate_limits.p
+		want    *limiter.Policy
+	}{
+		{
+			name:    "defaults",
+			handler: `{"rate_limits":{"p":{"max_events":10,"window":"1m"}}}`,
+			want: &limiter.Policy{Name: "p", Algorithm: limiter.SlidingWindow,
+				Limit: limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}}},
+		},
+		{
+			name: "tiers and overrides default window, keep own burst",
+			handler: `{"rate_limits":{"p":{"algorithm":"token_bucket","max_events":10,"window":"1m","burst":30,
+				"tiers":{"pro":{"max_events":100},"max":{"max_events":1000,"window":"1h","burst":5000},"vip":{"unlimited":true}},
+				"overrides":{"acme":{"max_events":7,"window":"10s"},"root":{"unlimited":true}}}}}`,
+			want: &limiter.Policy{Name: "p", Algorithm: limiter.TokenBucket,
+				Limit: limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute, Burst: 30}},
+				Tiers: map[string]limiter.Limit{
+					"pro": {Rate: limiter.Rate{Limit: 100, Window: time.Minute}},
+					"max": {Rate: limiter.Rate{Limit: 1000, Window: time.Hour, Burst: 5000}},
+					"vip": {Unlimited: true},
+				},
+				Overrides: map[string]limiter.Limit{
+					"acme": {Rate: limiter.Rate{Limit: 7, Window: sec(10)}},
+					"root": {Unlimited: true},
+				},
+			},
+		},
+		{
+			name:    "own shadow flags only",
+			handler: `{"rate_limits":{"p":{"max_events":10,"window":"1m","tiers":{"t":{"max_events":5,"shadow":true},"u":{"max_events":6}}}}}`,
+			want: &limiter.Policy{Name: "p",
+				Limit: limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}},
+				Tiers: map[string]limiter.Limit{
+					"t": {Rate: limiter.Rate{Limit: 5, Window: time.Minute}, Shadow: true},
+					"u": {Rate: limiter.Rate{Limit: 6, Window: time.Minute}},
+				},
+			},
+		},
+		{
+			name:    "policy shadow reaches tiers and overrides",
+			handler: `{"rate_limits":{"p":{"shadow":true,"max_events":10,"window":"1m","tiers":{"t":{"max_events":5}},"overrides":{"o":{"unlimited":true}}}}}`,
+			want: &limiter.Policy{Name: "p",
+				Limit:     limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}, Shadow: true},
+				Tiers:     map[string]limiter.Limit{"t": {Rate: limiter.Rate{Limit: 5, Window: time.Minute}, Shadow: true}},
+				Overrides: map[string]limiter.Limit{"o": {Unlimited: true, Shadow: true}},
+			},
+		},
+		{
+			name:    "handler shadow reaches everything",
+			handler: `{"shadow":true,"rate_limits":{"p":{"max_events":10,"window":"1m","overrides":{"o":{"max_events":3}}}}}`,
+			want: &limiter.Policy{Name: "p",
+				Limit:     limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}, Shadow: true},
+				Overrides: map[string]limiter.Limit{"o": {Rate: limiter.Rate{Limit: 3, Window: time.Minute}, Shadow: true}},
+			},
+		},
+		{
+			name:    "sliding_log min_interval is inherited by tiers",
+			handler: `{"rate_limits":{"p":{"algorithm":"sliding_log","max_events":10,"window":"1m","min_interval":"2s","tiers":{"t":{"max_events":20}}}}}`,
+			want: &limiter.Policy{Name: "p", Algorithm: limiter.SlidingLog,
+				Limit: limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute, MinInterval: sec(2)}},
+				Tiers: map[string]limiter.Limit{"t": {Rate: limiter.Rate{Limit: 20, Window: time.Minute, MinInterval: sec(2)}}},
+			},
+		},
+		{
+			name:    "concurrency has no window",
+			handler: `{"rate_limits":{"p":{"algorithm":"concurrency","max_events":4,"tiers":{"pro":{"max_events":16}}}}}`,
+			want: &limiter.Policy{Name: "p", Algorithm: limiter.Concurrency,
+				Limit: limiter.Limit{Rate: limiter.Rate{Limit: 4}},
+				Tiers: map[string]limiter.Limit{"pro": {Rate: limiter.Rate{Limit: 16}}},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := jsonHandler(t, tt.handler)
+			got, err := buildPolicy("p", h.RateLimits["p"], h)
+			if err != nil {
+				t.Fatalf("buildPolicy: %v", err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestBuildPolicyErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		pc   *PolicyConfig
+		want string
+	}{
+		{"nil", nil, "policy p: is null"},
+		{"bad algorithm", &PolicyConfig{Algorithm: "x", MaxEvents: 1}, `policy p: unknown algorithm "x" (allowed: `},
+		{"no limit", &PolicyConfig{Window: 1}, "policy p: limit must be a positive integer"},
+		{"tier without limit", &PolicyConfig{MaxEvents: 1, Window: 1, Tiers: map[string]*LimitConfig{"t": {}}}, "policy p: tier t: limit must be a positive integer"},
+		{"nil override", &PolicyConfig{MaxEvents: 1, Window: 1, Overrides: map[string]*LimitConfig{"o": nil}}, "policy p: override o: is null"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := buildPolicy("p", tt.pc, nil)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
