@@ -36,7 +36,8 @@ type PolicyConfig struct {
 	// Capacity of a token_bucket or gcra bucket. Default: max_events.
 	Burst int64 `json:"burst,omitempty"`
 
-	// Units one request takes: a positive integer or a placeholder that
+	// Units one request takes: a non-negative integer (0 charges nothing)
+	// or a placeholder that
 	// resolves to one. Default 1. A placeholder that does not resolve to a
 	// non-negative integer costs 1.
 	Cost Cost `json:"cost,omitempty"`

@@ -1,12 +1,21 @@
 package tollgate
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
+	"sort"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 func init() {
@@ -82,6 +91,14 @@ type Handler struct {
 	// Accepted for caddy-ratelimit compatibility and ignored with a
 	// warning: `redis` supersedes it.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
+
+	ctx        caddy.Context
+	logger     *zap.Logger
+	events     *caddyevents.App
+	store      limiter.Store
+	storeKey   string
+	policies   []*policyRuntime
+	headerMode headerMode
 }
 
 // CaddyModule returns the Caddy module information.
@@ -101,19 +118,181 @@ var (
 	_ caddyfile.Unmarshaler       = (*Handler)(nil)
 )
 
-// Provision sets up the handler. (Work in progress.)
-func (h *Handler) Provision(ctx caddy.Context) error { return nil }
+// Provision builds the policies, loads their matchers and attaches the
+// handler to its store.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.ctx = ctx
+	h.logger = ctx.Logger()
 
-// Validate checks the configuration. (Work in progress.)
-func (h *Handler) Validate() error { return nil }
+	if h.Redis != nil {
+		return errors.New("redis: the shared Redis store is not available in this version of Tollgate yet; remove the redis block to use the embedded store")
+	}
+	if h.DenialsStream > 0 {
+		return errors.New("denials_stream: needs a redis block (the stream lives in Redis)")
+	}
+	if h.MetricsTenants > 0 {
+		return errors.New("metrics_tenants: per-tenant metrics are not available in this version of Tollgate yet")
+	}
+	if len(h.Distributed) > 0 {
+		h.logger.Warn("caddy-ratelimit's 'distributed' option is ignored: Tollgate is exact across instances with a 'redis' block")
+	}
+	if len(h.StorageRaw) > 0 {
+		h.logger.Warn("caddy-ratelimit's 'storage' option is ignored: use a 'redis' block to share limits across instances")
+	}
+	if err := h.validateConfig(); err != nil {
+		return err
+	}
+	if err := h.provisionPolicies(ctx); err != nil {
+		return err
+	}
 
-// Cleanup releases the handler's resources.
-func (h *Handler) Cleanup() error { return nil }
+	mode, err := parseHeaderMode(h.Headers)
+	if err != nil {
+		return err
+	}
+	h.headerMode = mode
 
-// ServeHTTP implements caddyhttp.MiddlewareHandler.
+	events, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("getting events app: %v", err)
+	}
+	h.events = events.(*caddyevents.App)
+
+	sweep := time.Duration(h.SweepInterval)
+	if sweep <= 0 {
+		sweep = time.Minute
+	}
+	h.store, h.storeKey, err = loadEmbeddedStore(sweep)
+	return err
+}
+
+// provisionPolicies turns rate_limits into runtime policies, in name order
+// so headers and logs are deterministic.
+func (h *Handler) provisionPolicies(ctx caddy.Context) error {
+	names := make([]string, 0, len(h.RateLimits))
+	for name := range h.RateLimits {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	h.policies = make([]*policyRuntime, 0, len(names))
+	for _, name := range names {
+		pc := h.RateLimits[name]
+		policy, err := buildPolicy(name, pc, h)
+		if err != nil {
+			return err
+		}
+		rt := &policyRuntime{
+			policy:     policy,
+			key:        pc.Key,
+			ipv4Prefix: pc.IPv4Prefix,
+			ipv6Prefix: pc.IPv6Prefix,
+		}
+		if h.Tenant == "" && rt.key == "" {
+			rt.key = defaultKey
+		}
+		if n, ok := pc.Cost.constant(); ok {
+			rt.cost = n
+		} else {
+			rt.cost, rt.costTemplate = -1, string(pc.Cost)
+		}
+		if pc.MatcherSetsRaw != nil {
+			mods, err := ctx.LoadModule(pc, "MatcherSetsRaw")
+			if err != nil {
+				return fmt.Errorf("rate_limits.%s: loading matchers: %v", name, err)
+			}
+			if err := rt.matchers.FromInterface(mods); err != nil {
+				return fmt.Errorf("rate_limits.%s: %v", name, err)
+			}
+		}
+		rt.precomputeHeaders()
+		h.policies = append(h.policies, rt)
+	}
+	return nil
+}
+
+// Validate checks the configuration as a whole.
+func (h *Handler) Validate() error {
+	return h.validateConfig()
+}
+
+// Cleanup lets go of the shared store; the last handler to do so closes it.
+func (h *Handler) Cleanup() error {
+	if h.storeKey != "" {
+		_, err := embeddedStores.Delete(h.storeKey)
+		h.storeKey, h.store = "", nil
+		return err
+	}
+	return nil
+}
+
+// ServeHTTP decides r against every policy that matches it, all or
+// nothing, then either passes it on or answers 429.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	st := getRequestState()
+	defer putRequestState(st)
+
+	var tenant string
+	if h.Tenant != "" {
+		tenant = expand(repl, h.Tenant)
+		if tenant == "" {
+			if h.MissingTenant == missingTenantDeny {
+				return h.denyMissingTenant(w)
+			}
+			tenant = anonymousTenant
+		}
+	}
+	tierTemplate := ""
+	tierResolved := false
+	for _, p := range h.policies {
+		ok, err := p.matches(r)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		item := limiter.Item{Policy: p.policy, Tenant: tenant, Cost: p.requestCost(repl)}
+		if h.Tenant != "" {
+			item.Part = p.resolveKey(repl)
+		} else if item.Tenant = p.resolveKey(repl); item.Tenant == "" {
+			item.Tenant = anonymousTenant
+		}
+		if tier, ok := h.TenantTiers[item.Tenant]; ok {
+			item.Tier = tier
+		} else if h.Tier != "" {
+			if !tierResolved {
+				tierTemplate, tierResolved = expand(repl, h.Tier), true
+			}
+			item.Tier = tierTemplate
+		}
+		st.items = append(st.items, item)
+		st.policies = append(st.policies, p)
+	}
+	if len(st.items) == 0 {
+		return next.ServeHTTP(w, r)
+	}
+
+	d := &st.decision
+	if err := d.Decide(r.Context(), h.store, st.items); err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
+	}
+	shown := h.report(w, r, repl, st)
+	if !d.Admitted {
+		return h.deny(w, repl, st, shown)
+	}
+	if d.HoldsSlots() {
+		// Deferred after putRequestState, so it runs first: the slots go
+		// back when the rest of the chain returns, panics included.
+		defer h.release(r, d)
+	}
 	return next.ServeHTTP(w, r)
 }
 
-// UnmarshalCaddyfile is replaced by caddyfile.go.
-func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error { return nil }
+// release gives back concurrency slots. The request context may already be
+// cancelled (client gone), so it is not used for the store call.
+func (h *Handler) release(r *http.Request, d *limiter.Decision) {
+	if err := d.Release(context.WithoutCancel(r.Context()), h.store); err != nil {
+		h.logger.Error("releasing concurrency slots", zap.Error(err))
+	}
+}

@@ -1,0 +1,38 @@
+package tollgate
+
+import (
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// embeddedStores holds the process-wide embedded stores. Like a Redis
+// server, one store is shared by every handler and outlives config
+// reloads, so counters survive a reload; it is closed when the last handler
+// using it is cleaned up. Stores are keyed by sweep interval, the only
+// setting a handler can give them.
+var embeddedStores = caddy.NewUsagePool()
+
+type embeddedStore struct{ *limiter.MemoryStore }
+
+// Destruct implements caddy.Destructor.
+func (s embeddedStore) Destruct() error { return s.Close() }
+
+func embeddedStoreKey(sweep time.Duration) string {
+	return "memory/sweep=" + sweep.String()
+}
+
+// loadEmbeddedStore returns the shared embedded store for sweep, creating
+// it on first use. Release it with embeddedStores.Delete(key).
+func loadEmbeddedStore(sweep time.Duration) (limiter.Store, string, error) {
+	key := embeddedStoreKey(sweep)
+	v, _, err := embeddedStores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return embeddedStore{limiter.NewMemoryStore(limiter.MemoryOptions{SweepInterval: sweep})}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(embeddedStore).MemoryStore, key, nil
+}

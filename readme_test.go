@@ -1,0 +1,63 @@
+package tollgate
+
+import (
+	"encoding/json"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+var caddyfileBlock = regexp.MustCompile("(?s)```caddyfile\n(.*?)```")
+
+// TestReadmeExamplesAdapt: every Caddyfile example in the README adapts
+// and provisions, so the docs cannot drift from the parser.
+func TestReadmeExamplesAdapt(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := caddyfileBlock.FindAllStringSubmatch(string(readme), -1)
+	if len(blocks) < 3 {
+		t.Fatalf("found %d caddyfile examples in README.md, want at least 3", len(blocks))
+	}
+	for i, b := range blocks {
+		src := b[1]
+		if strings.HasPrefix(strings.TrimSpace(src), "rate_limit") {
+			src = ":8080 {\n" + src + "\n}\n"
+		}
+		cfg := adaptCaddyfile(t, src)
+		if !strings.Contains(string(cfg), `"handler":"rate_limit"`) {
+			t.Errorf("README example %d adapts without a rate_limit handler:\n%s", i+1, b[1])
+		}
+		validateConfig(t, cfg)
+	}
+}
+
+// TestCaddyfileExampleAdapts: Caddyfile.example adapts with the default
+// environment (the binary test runs it).
+func TestCaddyfileExampleAdapts(t *testing.T) {
+	src, err := os.ReadFile("Caddyfile.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := adaptCaddyfile(t, string(src))
+	if !strings.Contains(string(cfg), `"handler":"rate_limit"`) {
+		t.Error("Caddyfile.example has no rate_limit handler")
+	}
+	validateConfig(t, cfg)
+}
+
+// validateConfig provisions every module of cfg without starting servers.
+func validateConfig(t *testing.T, cfg []byte) {
+	t.Helper()
+	var c caddy.Config
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Validate(&c); err != nil {
+		t.Errorf("config does not provision: %v", err)
+	}
+}

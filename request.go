@@ -1,0 +1,128 @@
+package tollgate
+
+import (
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// anonymousTenant is the tenant of requests whose identity resolves to an
+// empty string, under `missing_tenant shared`.
+const anonymousTenant = "_anonymous"
+
+// defaultKey is a policy's key when the handler sets no tenant: limit per
+// client IP, as caddy-ratelimit users expect.
+const defaultKey = "{client_ip}"
+
+// policyRuntime is a provisioned policy: the engine's Policy plus what the
+// Caddy layer needs to map a request onto it.
+type policyRuntime struct {
+	policy   *limiter.Policy
+	matchers caddyhttp.MatcherSets
+	// key is the placeholder template of the partition key, or of the
+	// tenant when the handler sets no tenant template.
+	key string
+	// cost is the constant cost, or -1 when costTemplate must be resolved.
+	cost         int64
+	costTemplate string
+	ipv4Prefix   int
+	ipv6Prefix   int
+	// Header values of the policy's own limit, rendered once.
+	ownPolicyHeader string
+	ownLimitHeader  string
+}
+
+// requestState is the per-request scratch space, pooled so a decision
+// allocates nothing of its own.
+type requestState struct {
+	items    []limiter.Item
+	policies []*policyRuntime
+	decision limiter.Decision
+	shadow   []string
+}
+
+var requestStates = sync.Pool{New: func() any { return new(requestState) }}
+
+func getRequestState() *requestState {
+	s := requestStates.Get().(*requestState)
+	s.items = s.items[:0]
+	s.policies = s.policies[:0]
+	s.shadow = s.shadow[:0]
+	return s
+}
+
+func putRequestState(s *requestState) {
+	// Drop references to request data before pooling.
+	clear(s.items)
+	s.decision.Reset()
+	requestStates.Put(s)
+}
+
+// expand resolves a placeholder template; templates without placeholders
+// are returned as they are, without touching the replacer.
+func expand(repl *caddy.Replacer, tmpl string) string {
+	if strings.IndexByte(tmpl, '{') < 0 {
+		return tmpl
+	}
+	return repl.ReplaceAll(tmpl, "")
+}
+
+// matches reports whether the policy covers r.
+func (p *policyRuntime) matches(r *http.Request) (bool, error) {
+	if len(p.matchers) == 0 {
+		return true, nil
+	}
+	return p.matchers.AnyMatchWithError(r)
+}
+
+// requestCost resolves the cost of r in this policy. A placeholder that
+// does not resolve to a non-negative integer costs 1.
+func (p *policyRuntime) requestCost(repl *caddy.Replacer) int64 {
+	if p.cost >= 0 {
+		return p.cost
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(expand(repl, p.costTemplate)), 10, 64)
+	if err != nil || n < 0 {
+		return 1
+	}
+	return n
+}
+
+// resolveKey expands the policy key and, when it is an IP address and a
+// prefix is configured for its family, replaces it by its network.
+func (p *policyRuntime) resolveKey(repl *caddy.Replacer) string {
+	v := expand(repl, p.key)
+	if p.ipv4Prefix == 0 && p.ipv6Prefix == 0 {
+		return v
+	}
+	return applyNetworkPrefix(v, p.ipv4Prefix, p.ipv6Prefix)
+}
+
+// applyNetworkPrefix masks an IP address to its network of bits length for
+// its family (0: leave it). Non-IP values are returned unchanged.
+func applyNetworkPrefix(v string, ipv4Prefix, ipv6Prefix int) string {
+	addr, err := netip.ParseAddr(v)
+	if err != nil {
+		return v
+	}
+	addr = addr.Unmap().WithZone("")
+	bits := ipv6Prefix
+	if addr.Is4() {
+		bits = ipv4Prefix
+	}
+	if bits == 0 {
+		return v
+	}
+	prefix, err := addr.Prefix(bits)
+	if err != nil {
+		return v
+	}
+	return prefix.String()
+}

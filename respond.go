@@ -1,0 +1,249 @@
+package tollgate
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// headerMode selects which rate-limit response headers are written.
+type headerMode uint8
+
+const (
+	headersBoth headerMode = iota
+	headersIETF
+	headersLegacy
+	headersOff
+)
+
+func parseHeaderMode(s string) (headerMode, error) {
+	switch s {
+	case "", "both":
+		return headersBoth, nil
+	case "ietf":
+		return headersIETF, nil
+	case "legacy":
+		return headersLegacy, nil
+	case "off":
+		return headersOff, nil
+	}
+	return 0, fmt.Errorf("headers: unknown value %q (allowed: both, ietf, legacy, off)", s)
+}
+
+const (
+	missingTenantDeny = "deny"
+
+	// maxLoggedValue bounds tenant and key values in log lines and event
+	// data, so a hostile header cannot blow up the logs.
+	maxLoggedValue = 128
+)
+
+// precomputeHeaders renders the header values of the policy's own limit
+// once; tiers and overrides are rendered per request.
+func (p *policyRuntime) precomputeHeaders() {
+	p.ownPolicyHeader = policyHeader(p.policy.Name, p.policy.Algorithm, p.policy.Limit.Rate)
+	p.ownLimitHeader = strconv.FormatInt(p.policy.Limit.Limit, 10)
+}
+
+// policyHeader renders an IETF RateLimit-Policy item: "name";q=limit;w=secs.
+func policyHeader(name string, algo limiter.Algorithm, rate limiter.Rate) string {
+	b := make([]byte, 0, len(name)+32)
+	b = append(b, '"')
+	b = append(b, name...)
+	b = append(b, `";q=`...)
+	b = strconv.AppendInt(b, rate.Limit, 10)
+	if algo != limiter.Concurrency {
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, ceilSeconds(rate.Window), 10)
+	}
+	return string(b)
+}
+
+// ceilSeconds rounds d up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// pick chooses the verdict the response talks about: when denied, the
+// enforced policy that denies for longest; otherwise the enforced policy
+// with the least remaining quota; with only shadow policies, the shadow one
+// with the least remaining. It returns -1 when nothing was counted.
+func pick(d *limiter.Decision, enforcedOnly bool) int {
+	best := -1
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		if !v.Counted() || (enforcedOnly && !v.Enforced()) {
+			continue
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := &d.Verdicts[best]
+		if d.Admitted {
+			if v.Result.Remaining < b.Result.Remaining {
+				best = i
+			}
+		} else if !v.Result.Allowed && (b.Result.Allowed || v.Result.RetryAfter > b.Result.RetryAfter) {
+			best = i
+		}
+	}
+	return best
+}
+
+// report sets the placeholders and headers of a decision and logs shadow
+// would-denials. It returns the index of the verdict shown in headers, or
+// -1 when no enforced policy counted the request.
+func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, st *requestState) int {
+	d := &st.decision
+	shown := pick(d, true)
+	placeholder := shown
+	if placeholder < 0 {
+		placeholder = pick(d, false)
+	}
+	for i := range d.Verdicts {
+		if d.Verdicts[i].ShadowDenied() {
+			st.shadow = append(st.shadow, st.items[i].Policy.Name)
+			h.logShadowDenial(&st.items[i], &d.Verdicts[i])
+		}
+	}
+	if len(st.shadow) > 0 {
+		if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+			extra.Add(zap.Strings("rate_limit_shadow_denied", append([]string(nil), st.shadow...)))
+		}
+		repl.Set("http.rate_limit.shadow_denied", strings.Join(st.shadow, ","))
+	} else {
+		repl.Set("http.rate_limit.shadow_denied", "")
+	}
+	if placeholder >= 0 {
+		it, v := &st.items[placeholder], &d.Verdicts[placeholder]
+		repl.Set("http.rate_limit.policy", it.Policy.Name)
+		repl.Set("http.rate_limit.tenant", it.Tenant)
+		repl.Set("http.rate_limit.limit", v.Limit.Limit)
+		repl.Set("http.rate_limit.remaining", v.Result.Remaining)
+		repl.Set("http.rate_limit.retry_after", ceilSeconds(v.Result.RetryAfter))
+	}
+	if shown >= 0 && h.headerMode != headersOff {
+		h.writeHeaders(w.Header(), st.policies[shown], &d.Verdicts[shown])
+	}
+	return shown
+}
+
+// writeHeaders writes the IETF and/or legacy headers for one verdict.
+func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Verdict) {
+	wait := v.Result.Reset
+	if !v.Result.Allowed {
+		wait = v.Result.RetryAfter
+	}
+	secs := ceilSeconds(wait)
+	if h.headerMode == headersBoth || h.headerMode == headersIETF {
+		pol := p.ownPolicyHeader
+		if v.Source != limiter.SourcePolicy {
+			pol = policyHeader(p.policy.Name, p.policy.Algorithm, v.Limit.Rate)
+		}
+		hdr.Set("RateLimit-Policy", pol)
+		b := make([]byte, 0, len(p.policy.Name)+32)
+		b = append(b, '"')
+		b = append(b, p.policy.Name...)
+		b = append(b, `";r=`...)
+		b = strconv.AppendInt(b, v.Result.Remaining, 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, secs, 10)
+		hdr.Set("RateLimit", string(b))
+	}
+	if h.headerMode == headersBoth || h.headerMode == headersLegacy {
+		lim := p.ownLimitHeader
+		if v.Source != limiter.SourcePolicy {
+			lim = strconv.FormatInt(v.Limit.Limit, 10)
+		}
+		hdr.Set("X-RateLimit-Limit", lim)
+		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(v.Result.Remaining, 10))
+		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(secs, 10))
+	}
+}
+
+// retryAfterSeconds is the Retry-After value for a wait: whole seconds,
+// rounded up, at least 1, plus up to jitter x wait at random.
+func (h *Handler) retryAfterSeconds(wait time.Duration) int64 {
+	if h.Jitter > 0 && wait > 0 {
+		wait += time.Duration(rand.Float64() * h.Jitter * float64(wait))
+	}
+	return max(ceilSeconds(wait), 1)
+}
+
+// deny answers 429 as a handler error, so handle_errors can render it.
+func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, st *requestState, shown int) error {
+	it, v := &st.items[shown], &st.decision.Verdicts[shown]
+	secs := h.retryAfterSeconds(v.Result.RetryAfter)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	repl.Set("http.rate_limit.retry_after", secs)
+
+	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); ce != nil {
+		ce.Write(h.decisionFields(it, v, secs)...)
+	}
+	if h.events != nil {
+		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
+			"tenant":      loggable(it.Tenant),
+			"policy":      it.Policy.Name,
+			"limit":       v.Limit.Limit,
+			"retry_after": secs,
+		})
+	}
+	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded: policy %s", it.Policy.Name))
+}
+
+var errMissingTenant = errors.New("rate limit: request has no tenant (missing_tenant deny)")
+
+// denyMissingTenant answers 429 for a request without tenant identity.
+// Retrying will not help, but clients expect Retry-After on every 429.
+func (h *Handler) denyMissingTenant(w http.ResponseWriter) error {
+	w.Header().Set("Retry-After", "1")
+	h.logger.Debug("rate limit: no tenant", zap.String("template", h.Tenant))
+	return caddyhttp.Error(http.StatusTooManyRequests, errMissingTenant)
+}
+
+// logShadowDenial writes the INFO line of a shadow would-deny.
+func (h *Handler) logShadowDenial(it *limiter.Item, v *limiter.Verdict) {
+	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit would deny"); ce != nil {
+		ce.Write(h.decisionFields(it, v, max(ceilSeconds(v.Result.RetryAfter), 1))...)
+	}
+}
+
+func (h *Handler) decisionFields(it *limiter.Item, v *limiter.Verdict, retryAfter int64) []zap.Field {
+	fields := []zap.Field{
+		zap.String("tenant", loggable(it.Tenant)),
+		zap.String("policy", it.Policy.Name),
+		zap.Int64("limit", v.Limit.Limit),
+		zap.Int64("remaining", v.Result.Remaining),
+		zap.Int64("retry_after", retryAfter),
+		zap.String("limit_source", v.Source.String()),
+	}
+	if h.LogKey && it.Part != "" {
+		fields = append(fields, zap.String("key", loggable(it.Part)))
+	}
+	return fields
+}
+
+// loggable bounds a client-controlled value for logs: at most
+// maxLoggedValue bytes, with the original length noted when cut. The JSON
+// and console encoders escape control bytes themselves.
+func loggable(s string) string {
+	if len(s) <= maxLoggedValue {
+		return s
+	}
+	return s[:maxLoggedValue] + "...(" + strconv.Itoa(len(s)) + " bytes)"
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every Tollgate test: formatting, vet, and `go test -race` over all
+# packages (unit, fuzz seed corpora, Caddy end-to-end, built binary).
+# Installs what the tests need when it is missing (redis-server and
+# redis-cli from Debian packages; needs root or sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || need_pkgs+=(redis-tools)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+	sudo_cmd=""
+	[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+	echo "installing ${need_pkgs[*]}"
+	$sudo_cmd apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+# The Debian package starts a system redis-server on :6379; the tests start
+# their own on free ports and do not need it.
+
+unformatted=$(gofmt -l . | grep -v '^vendor/' || true)
+if [ -n "$unformatted" ]; then
+	echo "gofmt would change:" >&2
+	echo "$unformatted" >&2
+	exit 1
+fi
+go vet ./...
+go test -race -count=1 -timeout 30m "$@" ./...
