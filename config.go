@@ -19,7 +19,8 @@ type PolicyConfig struct {
 	// placeholder template, e.g. `{http.request.method}{http.request.uri.path}`.
 	// When the handler sets `tenant`, it defaults to empty (one bucket per
 	// tenant and policy). Without `tenant`, the key is the tenant and
-	// defaults to `{client_ip}`.
+	// defaults to the client IP (`{http.vars.client_ip}`; `{client_ip}` in
+	// a Caddyfile).
 	Key string `json:"key,omitempty"`
 
 	// How the bucket counts: token_bucket, gcra, sliding_window (default),

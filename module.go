@@ -152,11 +152,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.headerMode = mode
 
-	events, err := ctx.App("events")
-	if err != nil {
+	// Events go to the events app when one is configured, which every
+	// subscription does; without it nobody could receive them.
+	if events, err := ctx.AppIfConfigured("events"); err == nil {
+		h.events = events.(*caddyevents.App)
+	} else if !errors.Is(err, caddy.ErrNotConfigured) {
 		return fmt.Errorf("getting events app: %v", err)
 	}
-	h.events = events.(*caddyevents.App)
 
 	sweep := time.Duration(h.SweepInterval)
 	if sweep <= 0 {

@@ -18,8 +18,9 @@ import (
 const anonymousTenant = "_anonymous"
 
 // defaultKey is a policy's key when the handler sets no tenant: limit per
-// client IP, as caddy-ratelimit users expect.
-const defaultKey = "{client_ip}"
+// client IP, as caddy-ratelimit users expect. It is the runtime name of the
+// Caddyfile shorthand {client_ip}, which only the Caddyfile adapter expands.
+const defaultKey = "{http.vars.client_ip}"
 
 // policyRuntime is a provisioned policy: the engine's Policy plus what the
 // Caddy layer needs to map a request onto it.
