@@ -137,3 +137,32 @@ func TestE2EHostileTenantLogs(t *testing.T) {
 		t.Errorf("%d denial log lines, want 2", denials)
 	}
 }
+
+// TestE2ETierShadow: `shadow` on a tier makes only that tier's tenants
+// shadow; other tenants of the policy are enforced.
+func TestE2ETierShadow(t *testing.T) {
+	s := startCaddy(t, "", `
+	rate_limit {
+		tenant {http.request.header.X-Tenant}
+		tier {http.request.header.X-Plan}
+		policy api {
+			limit 2
+			window 1h
+			tier trial 1 shadow
+		}
+	}
+	respond "ok {http.rate_limit.shadow_denied}"`, nil)
+	for i := range 4 {
+		r := s.get("/", "X-Tenant", "newbie", "X-Plan", "trial")
+		want := "ok "
+		if i >= 1 {
+			want = "ok api"
+		}
+		if r.status != 200 || r.body != want {
+			t.Errorf("trial request %d: %d %q, want 200 %q", i+1, r.status, r.body, want)
+		}
+	}
+	if c := s.statuses(4, "/", "X-Tenant", "payer", "X-Plan", "pro"); c[200] != 2 || c[429] != 2 {
+		t.Errorf("non-trial tenant: %v, want 2 x 200 and 2 x 429 (enforced)", c)
+	}
+}
