@@ -1,0 +1,684 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tollgate/caddy-tollgate/lua"
+)
+
+// Defaults of RedisOptions, and the safety TTL of concurrency buckets.
+const (
+	// DefaultRedisTimeout is the deadline of every Redis call.
+	DefaultRedisTimeout = 100 * time.Millisecond
+	// RedisConcurrencyTTL is the TTL of a concurrency bucket, set again on
+	// every acquire. A concurrency bucket has no window; the TTL only makes
+	// sure that slots taken by an instance that died before releasing them
+	// are forgotten at the latest RedisConcurrencyTTL after the bucket's
+	// last acquire. The flip side: requests still in flight in a bucket that
+	// saw no acquire for that long are forgotten too (their releases are
+	// then ignored). It is the value of CONCURRENCY_TTL_MS in
+	// lua/concurrency.lua.
+	RedisConcurrencyTTL = 10 * time.Minute
+	// maxRedisNumber bounds limits, bursts and costs: Lua numbers are
+	// doubles, exact up to 2^53.
+	maxRedisNumber = 1 << 53
+)
+
+// RedisOptions configures NewRedisStore.
+type RedisOptions struct {
+	// Client talks to Redis: a *redis.Client (standalone), a failover
+	// client (Sentinel) or a *redis.ClusterClient. The store does not close
+	// it. Create it with ContextTimeoutEnabled: go-redis ignores context
+	// deadlines on the socket otherwise, and Timeout is then not enforced
+	// on a server that stopped answering.
+	Client redis.UniversalClient
+	// Prefix starts every key; "" means "rl".
+	Prefix string
+	// Timeout is the deadline of every call; 0 means 100ms.
+	Timeout time.Duration
+	// Observe, when not nil, is called after every script round trip with
+	// the script ("decide", "peek", "dry", "refund" or "release"), how it
+	// ended ("ok", "error", "timeout", or "noscript" for an EVALSHA that
+	// Redis did not know, which is then retried at once with EVAL) and how
+	// long it took. It must be cheap and safe for concurrent use.
+	Observe func(script, result string, d time.Duration)
+}
+
+// RedisStore is a Store that keeps buckets in Redis, for a fleet of
+// instances sharing one budget. It means exactly what MemoryStore means
+// (same algorithms, same all-or-nothing Decide, same shadow and duplicate-key
+// rules), with time taken from Redis TIME inside the scripts, never from the
+// instance's clock, and counted in microseconds: windows and min_interval
+// are rounded up to a whole microsecond, and so are RetryAfter and Reset.
+// GCRA's emission interval is ceil(window/limit) in µs, so when window/limit
+// is not a whole number of µs GCRA admits up to 1µs per unit more slowly
+// than in memory. Limits, bursts and costs must not exceed 2^53.
+//
+// Keys follow DESIGN §5 (see AppendKey); each written key gets a TTL that
+// ends exactly when its state equals a fresh bucket, so an expired key and
+// a fresh bucket mean the same thing. That TTL is at most 2 x Window for
+// sliding and fixed windows, Window for the token bucket and GCRA with the
+// default burst (Burst/Limit x Window with a larger burst) and
+// max(Window, MinInterval) for the sliding log. Concurrency buckets have
+// the safety TTL RedisConcurrencyTTL.
+//
+// Every Decide is one EVALSHA of one script (lua.Decide) that holds every
+// algorithm, so it is atomic whatever the mix of algorithms, and costs one
+// round trip. The script is sent again with EVAL when Redis answers
+// NOSCRIPT (after a restart or SCRIPT FLUSH), so no decision is lost.
+//
+// Redis Cluster: a script may only touch keys of one hash slot, and the
+// {tenant} hash tag puts every key of a tenant in one slot. When the checks
+// of one Decide span several slots (policies whose tenant is their key, or
+// keys of the empty tenant, whose "{}" hash tag is empty) and Client is a
+// *redis.ClusterClient, the store decides slot by slot, in order of first
+// appearance, with compensation: each slot's checks are decided atomically
+// and charged if they admit; once a slot denies, the remaining slots are
+// only evaluated (not charged) and the slots already charged are refunded
+// by a second script (lua.Refund). This is not atomic across slots:
+// between a charge and its refund (one round trip) other requests see the
+// charged units, and may be denied; two requests racing on two slots may
+// both be denied where one would have been admitted; never is more admitted
+// than the limits allow. A refund that fails (timeout) leaves its units
+// charged until they refill (a concurrency slot: until its safety TTL).
+// Standalone and Sentinel always use one call.
+//
+// Redis 5.0 or later is required (scripts replicated by effects, so that
+// they may read TIME before writing).
+//
+// Reset scans the tenant's keys (SCAN MATCH on the escaped tenant, on every
+// master of a cluster) and deletes them.
+type RedisStore struct {
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // non-nil when client is one
+	prefix  string
+	timeout time.Duration
+	observe func(script, result string, d time.Duration)
+	pool    sync.Pool
+
+	// now, when set (tests only), gives the scripts the instant in µs to
+	// use instead of Redis TIME. Production never sets it.
+	now func() int64
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// NewRedisStore returns a store on opts.Client.
+func NewRedisStore(opts RedisOptions) *RedisStore {
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultRedisTimeout
+	}
+	s := &RedisStore{
+		client:  opts.Client,
+		prefix:  opts.Prefix,
+		timeout: opts.Timeout,
+		observe: opts.Observe,
+	}
+	s.cluster, _ = opts.Client.(*redis.ClusterClient)
+	s.pool.New = func() any { return new(redisScratch) }
+	return s
+}
+
+// redisScript is one way of calling one of the store's scripts: its name
+// for Observe, and the mode argument of the decide script (nil for the
+// others).
+type redisScript struct {
+	name   string
+	script *redis.Script
+	mode   any
+}
+
+var (
+	decideScript  = redis.NewScript(lua.Decide)
+	refundScript  = redis.NewScript(lua.Refund)
+	releaseScript = redis.NewScript(lua.Release)
+
+	// The mode strings are boxed once: converting them to any on every
+	// call would allocate.
+	scriptDecide  = &redisScript{"decide", decideScript, "decide"}
+	scriptPeek    = &redisScript{"peek", decideScript, "peek"}
+	scriptDry     = &redisScript{"dry", decideScript, "dry"}
+	scriptRefund  = &redisScript{"refund", refundScript, nil}
+	scriptRelease = &redisScript{"release", releaseScript, nil}
+)
+
+// Arguments boxed once: converting them to any on every call would
+// allocate.
+var (
+	argZero   any = "0"
+	argShadow     = [2]any{"0", "1"}
+	argAlgo   [numAlgorithms]any
+)
+
+func init() {
+	for i, n := range algorithmNames {
+		argAlgo[i] = n
+	}
+}
+
+// checkArgs is the number of script arguments of one check (CHECK_ARGS in
+// lua/common.lua) and checkNums how many of them are numbers.
+const (
+	checkArgs = 7
+	checkNums = 5
+)
+
+// redisScratch is the per-call working memory of a RedisStore, pooled.
+type redisScratch struct {
+	buf   []byte
+	keys  []string // key of each check
+	slots []uint16 // cluster: hash slot of each check
+	ckeys []string // keys of the current script call
+	nums  []int64  // numeric arguments of the current call, 5 per check
+	args  []any
+	all   []int // 0..n-1
+}
+
+// prepare builds the key (and, in a cluster, the slot) of every check and
+// reports whether the checks span several slots.
+func (s *RedisStore) prepare(sc *redisScratch, checks []Check) (multiSlot bool) {
+	sc.keys = sc.keys[:0]
+	sc.slots = sc.slots[:0]
+	sc.all = sc.all[:0]
+	for i := range checks {
+		c := &checks[i]
+		sc.buf = AppendKey(sc.buf[:0], s.prefix, c.Algorithm, c.Tenant, c.Policy, c.Part)
+		sc.keys = append(sc.keys, string(sc.buf))
+		sc.all = append(sc.all, i)
+		if s.cluster != nil {
+			slot := keySlot(sc.buf)
+			sc.slots = append(sc.slots, slot)
+			if slot != sc.slots[0] {
+				multiSlot = true
+			}
+		}
+	}
+	return multiSlot
+}
+
+// groups splits the checks by hash slot, in order of first appearance.
+func (sc *redisScratch) groups() [][]int {
+	var gs [][]int
+	var gslots []uint16
+outer:
+	for i, slot := range sc.slots {
+		for g, gs2 := range gslots {
+			if gs2 == slot {
+				gs[g] = append(gs[g], i)
+				continue outer
+			}
+		}
+		gslots = append(gslots, slot)
+		gs = append(gs, []int{i})
+	}
+	return gs
+}
+
+// validateRedis is Check.validate plus the bounds of Lua numbers.
+func (c *Check) validateRedis() error {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	if c.Rate.Limit > maxRedisNumber || c.Rate.Burst > maxRedisNumber || c.Cost > maxRedisNumber {
+		return fmt.Errorf("%w: limit, burst and cost must not exceed 2^53 with the Redis store", errInvalidCheck)
+	}
+	return nil
+}
+
+func validateAll(checks []Check, results []Result) error {
+	if len(results) < len(checks) {
+		return errShortResults
+	}
+	for i := range checks {
+		if err := checks[i].validateRedis(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Decide implements Store with the semantics of MemoryStore.Decide, in one
+// atomic script call (see RedisStore for Redis Cluster).
+func (s *RedisStore) Decide(ctx context.Context, checks []Check, results []Result) (bool, error) {
+	if err := validateAll(checks, results); err != nil {
+		return false, err
+	}
+	if len(checks) == 0 {
+		return true, nil
+	}
+	sc := s.pool.Get().(*redisScratch)
+	defer s.pool.Put(sc)
+	multi := s.prepare(sc, checks)
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if !multi {
+		admitted, _, err := s.run(ctx, sc, scriptDecide, 0, checks, sc.all, results)
+		return admitted, err
+	}
+	return s.decideSlots(ctx, sc, checks, results)
+}
+
+// decideSlots decides checks that span several cluster slots, slot by slot
+// with compensation (see RedisStore).
+func (s *RedisStore) decideSlots(ctx context.Context, sc *redisScratch, checks []Check, results []Result) (bool, error) {
+	type charged struct {
+		idx []int
+		at  int64
+	}
+	var done []charged
+	admitted := true
+	var err error
+	for _, g := range sc.groups() {
+		if !admitted {
+			// Denied already: only evaluate, for the results.
+			if _, _, err = s.run(ctx, sc, scriptDry, 0, checks, g, results); err != nil {
+				break
+			}
+			continue
+		}
+		var ok bool
+		var at int64
+		if ok, at, err = s.run(ctx, sc, scriptDecide, 0, checks, g, results); err != nil {
+			break
+		}
+		if ok {
+			done = append(done, charged{g, at})
+		} else {
+			admitted = false
+		}
+	}
+	if err == nil && admitted {
+		return true, nil
+	}
+	// Give back what the admitting slots charged: every check that allowed
+	// with a positive cost.
+	for _, d := range done {
+		var idx []int
+		for _, i := range d.idx {
+			if results[i].Allowed && checks[i].Cost > 0 {
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 {
+			continue
+		}
+		if _, _, rerr := s.run(ctx, sc, scriptRefund, d.at, checks, idx, results); rerr != nil && err == nil {
+			err = fmt.Errorf("limiter: refund after a cross-slot denial: %w", rerr)
+		}
+	}
+	if err != nil {
+		return false, err
+	}
+	return false, nil
+}
+
+// Peek implements Store with the semantics of MemoryStore.Peek.
+func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result) error {
+	if err := validateAll(checks, results); err != nil {
+		return err
+	}
+	if len(checks) == 0 {
+		return nil
+	}
+	sc := s.pool.Get().(*redisScratch)
+	defer s.pool.Put(sc)
+	multi := s.prepare(sc, checks)
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if !multi {
+		_, _, err := s.run(ctx, sc, scriptPeek, 0, checks, sc.all, results)
+		return err
+	}
+	for _, g := range sc.groups() {
+		if _, _, err := s.run(ctx, sc, scriptPeek, 0, checks, g, results); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// run calls script (the decide script in one of its modes, or the refund
+// script for charges made at the instant at) on the checks idx and stores
+// their results. It returns the script's admission and instant.
+func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScript, at int64, checks []Check, idx []int, results []Result) (bool, int64, error) {
+	var nowArg any = argZero
+	if s.now != nil {
+		nowArg = strconv.FormatInt(s.now(), 10)
+	}
+	if need := 2 + checkArgs*len(idx); cap(sc.args) < need {
+		sc.args = make([]any, 0, need)
+	}
+	if script.mode != nil {
+		sc.args = append(sc.args[:0], script.mode, nowArg)
+	} else {
+		sc.args = append(sc.args[:0], nowArg, strconv.FormatInt(at, 10))
+	}
+	// nums must not move once pointers into it are taken.
+	n := checkNums * len(idx)
+	if cap(sc.nums) < n {
+		sc.nums = make([]int64, n)
+	}
+	sc.nums = sc.nums[:n]
+	keys := sc.keys
+	if len(idx) != len(checks) {
+		// A subset (one cluster slot): its own key list. (Never an alias
+		// of sc.keys, which it would overwrite.)
+		sc.ckeys = sc.ckeys[:0]
+		for _, i := range idx {
+			sc.ckeys = append(sc.ckeys, sc.keys[i])
+		}
+		keys = sc.ckeys
+	}
+	for j, i := range idx {
+		c := &checks[i]
+		v := sc.nums[checkNums*j : checkNums*j+checkNums]
+		v[0] = c.Rate.Limit
+		v[1] = micros(c.Rate.Window)
+		v[2] = c.Rate.Burst
+		v[3] = micros(c.Rate.MinInterval)
+		v[4] = c.Cost
+		shadow := 0
+		if c.Shadow {
+			shadow = 1
+		}
+		// *int64 arguments are written by go-redis without boxing the
+		// numbers.
+		sc.args = append(sc.args, argAlgo[c.Algorithm], &v[0], &v[1], &v[2], &v[3], &v[4], argShadow[shadow])
+	}
+	reply, err := s.eval(ctx, script, keys, sc.args)
+	if err != nil {
+		return false, 0, err
+	}
+	return parseReply(reply, idx, results)
+}
+
+// parseReply reads {admitted, now, (allowed, remaining, retry_us, reset_us)...}.
+func parseReply(reply any, idx []int, results []Result) (bool, int64, error) {
+	arr, ok := reply.([]any)
+	if !ok || len(arr) != 2+4*len(idx) {
+		return false, 0, fmt.Errorf("limiter: unexpected reply from the Redis script: %T of length %d", reply, len(arr))
+	}
+	var bad bool
+	num := func(v any) int64 {
+		n, ok := v.(int64)
+		if !ok {
+			bad = true
+		}
+		return n
+	}
+	admitted := num(arr[0]) == 1
+	now := num(arr[1])
+	for j, i := range idx {
+		r := arr[2+4*j : 6+4*j]
+		results[i] = Result{
+			Allowed:    num(r[0]) == 1,
+			Remaining:  num(r[1]),
+			RetryAfter: fromMicros(num(r[2])),
+			Reset:      fromMicros(num(r[3])),
+		}
+	}
+	if bad {
+		return false, 0, errors.New("limiter: unexpected reply from the Redis script: not an integer")
+	}
+	return admitted, now, nil
+}
+
+// eval runs script with EVALSHA and, when Redis does not know it
+// (NOSCRIPT, after a restart or SCRIPT FLUSH), at once again with EVAL,
+// which also caches it for the next EVALSHA.
+func (s *RedisStore) eval(ctx context.Context, rs *redisScript, keys []string, args []any) (any, error) {
+	var start time.Time
+	if s.observe != nil {
+		start = time.Now()
+	}
+	v, err := rs.script.EvalSha(ctx, s.client, keys, args...).Result()
+	if isNoScript(err) {
+		if s.observe != nil {
+			s.observe(rs.name, "noscript", time.Since(start))
+			start = time.Now()
+		}
+		v, err = rs.script.Eval(ctx, s.client, keys, args...).Result()
+	}
+	if s.observe != nil {
+		s.observe(rs.name, callResult(err), time.Since(start))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("limiter: redis %s: %w", rs.name, err)
+	}
+	return v, nil
+}
+
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// callResult classifies the outcome of a call for Observe.
+func callResult(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return "timeout"
+	}
+	return "error"
+}
+
+// Release implements Store: every Concurrency check gives back Cost units
+// of its bucket (never going below zero; a bucket that expired or was reset
+// is left alone). Pass only the checks that were charged.
+func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
+	sc := s.pool.Get().(*redisScratch)
+	defer s.pool.Put(sc)
+	sc.keys = sc.keys[:0]
+	sc.slots = sc.slots[:0]
+	sc.args = sc.args[:0]
+	multi := false
+	for i := range checks {
+		c := &checks[i]
+		if c.Algorithm != Concurrency {
+			continue
+		}
+		if c.Cost < 0 {
+			return c.validate()
+		}
+		sc.buf = AppendKey(sc.buf[:0], s.prefix, c.Algorithm, c.Tenant, c.Policy, c.Part)
+		sc.keys = append(sc.keys, string(sc.buf))
+		sc.args = append(sc.args, c.Cost)
+		if s.cluster != nil {
+			sc.slots = append(sc.slots, keySlot(sc.buf))
+			multi = multi || sc.slots[len(sc.slots)-1] != sc.slots[0]
+		}
+	}
+	if len(sc.keys) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if !multi {
+		_, err := s.eval(ctx, scriptRelease, sc.keys, sc.args)
+		return err
+	}
+	for _, g := range sc.groups() {
+		keys := make([]string, len(g))
+		args := make([]any, len(g))
+		for j, i := range g {
+			keys[j], args[j] = sc.keys[i], sc.args[i]
+		}
+		if _, err := s.eval(ctx, scriptRelease, keys, args); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resetScanCount is the COUNT hint of Reset's SCAN calls.
+const resetScanCount = 1000
+
+// Reset implements Store: it deletes every bucket of tenant, or only those
+// of policy. Keys are found with SCAN MATCH on the escaped tenant inside
+// the hash-tag braces (glob metacharacters escaped), on every master of a
+// cluster, and checked again exactly before they are deleted, so tenant "a"
+// never touches the buckets of "a:b", "a*" or "a}". Each round trip has the
+// store's Timeout; ctx bounds the whole scan.
+func (s *RedisStore) Reset(ctx context.Context, tenant, policy string) error {
+	tag := string(AppendEscaped(nil, tenant))
+	pattern := globEscape(s.prefix) + ":*:{" + globEscape(tag) + "}:" + globEscape(policy) + "*"
+	scan := func(ctx context.Context, c redis.UniversalClient) error {
+		var cursor uint64
+		for {
+			cctx, cancel := context.WithTimeout(ctx, s.timeout)
+			keys, next, err := c.Scan(cctx, cursor, pattern, resetScanCount).Result()
+			if err == nil {
+				n := 0
+				for _, k := range keys {
+					if s.isBucketOf(k, tag, policy) {
+						keys[n] = k
+						n++
+					}
+				}
+				if n > 0 {
+					err = s.del(cctx, c, keys[:n])
+				}
+			}
+			cancel()
+			if err != nil {
+				return fmt.Errorf("limiter: redis reset: %w", err)
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	}
+	if s.cluster != nil {
+		return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return scan(ctx, c)
+		})
+	}
+	return scan(ctx, s.client)
+}
+
+// del deletes keys. A tenant's keys share its hash-tag slot, except those
+// of the empty tenant ("{}" is no hash tag), so in a cluster keys of
+// several slots are deleted one by one, in one pipeline.
+func (s *RedisStore) del(ctx context.Context, c redis.UniversalClient, keys []string) error {
+	if s.cluster != nil {
+		slot := keySlot([]byte(keys[0]))
+		for _, k := range keys[1:] {
+			if keySlot([]byte(k)) != slot {
+				_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for _, k := range keys {
+						p.Del(ctx, k)
+					}
+					return nil
+				})
+				return err
+			}
+		}
+	}
+	return c.Del(ctx, keys...).Err()
+}
+
+// isBucketOf reports whether key is a bucket key of the store that belongs
+// to the tenant whose escaped form is tag and, when policy is not empty, to
+// policy.
+func (s *RedisStore) isBucketOf(key, tag, policy string) bool {
+	if !memKeyMatches(key, s.prefix, tag, policy) {
+		return false
+	}
+	algo, _, _ := strings.Cut(key[len(s.prefix)+1:], ":")
+	_, err := ParseAlgorithm(algo)
+	return err == nil && algo != ""
+}
+
+// Close implements Store. It does not close the client, which the store
+// does not own.
+func (s *RedisStore) Close() error { return nil }
+
+// globEscape escapes the glob metacharacters of a SCAN MATCH pattern.
+func globEscape(s string) string {
+	if !strings.ContainsAny(s, `*?[]\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// micros converts d to whole microseconds, rounded up.
+func micros(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Microsecond - 1) / time.Microsecond)
+}
+
+// fromMicros converts µs to a Duration, clamping negatives to 0.
+func fromMicros(us int64) time.Duration {
+	if us <= 0 {
+		return 0
+	}
+	if us > int64(1<<63-1)/1000 {
+		return 1<<63 - 1
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// keySlot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of the
+// hash tag (the bytes between the first '{' and the next '}', when not
+// empty) or of the whole key, modulo 16384.
+func keySlot(key []byte) uint16 {
+	for i, c := range key {
+		if c != '{' {
+			continue
+		}
+		for j := i + 1; j < len(key); j++ {
+			if key[j] == '}' {
+				if j > i+1 {
+					key = key[i+1 : j]
+				}
+				break
+			}
+		}
+		break
+	}
+	var crc uint16
+	for _, c := range key {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^c]
+	}
+	return crc & 16383
+}
+
+// crc16Table is the table of CRC-16/XMODEM (polynomial 0x1021).
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()

@@ -1,0 +1,205 @@
+package limiter
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// Benchmarks of the Redis store against a local redis-server:
+//
+//	go test -run xxx -bench Redis -benchtime 2000x ./limiter/
+//
+// ns/op is the round trip seen by the caller (loopback), redis-usec/call
+// the time Redis spent in the script (INFO commandstats, evalsha), and
+// bytes/key the Redis memory of one bucket (INFO memory, used_memory
+// delta over 100 000 tenants).
+
+// benchRedisStore starts a server and returns a store on it.
+func benchRedisStore(b *testing.B) (*RedisStore, *redis.Client) {
+	b.Helper()
+	srv := redistest.StartStandalone(b, redistest.Options{})
+	client := srv.Client(b)
+	return NewRedisStore(RedisOptions{Client: client, Timeout: time.Second}), client
+}
+
+// infoField returns field of an INFO section.
+func infoField(b *testing.B, client *redis.Client, section, field string) string {
+	b.Helper()
+	info, err := client.Info(bgCtx, section).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// evalshaUsecPerCall reads usec_per_call of EVALSHA from INFO commandstats.
+func evalshaUsecPerCall(b *testing.B, client *redis.Client) float64 {
+	b.Helper()
+	for _, kv := range strings.Split(infoField(b, client, "commandstats", "cmdstat_evalsha"), ",") {
+		if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return f
+		}
+	}
+	b.Fatal("no evalsha in INFO commandstats")
+	return 0
+}
+
+// benchDecide runs Decide of checks in a loop and reports the script's
+// time inside Redis.
+func benchDecide(b *testing.B, s *RedisStore, client *redis.Client, checks []Check) {
+	res := make([]Result, len(checks))
+	if _, err := s.Decide(bgCtx, checks, res); err != nil {
+		b.Fatal(err)
+	}
+	if err := client.ConfigResetStat(bgCtx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Decide(bgCtx, checks, res); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(evalshaUsecPerCall(b, client), "redis-usec/call")
+}
+
+// BenchmarkRedisDecide: one check on an existing bucket, per algorithm,
+// and a request of three policies of one tenant.
+func BenchmarkRedisDecide(b *testing.B) {
+	s, client := benchRedisStore(b)
+	for _, algo := range benchAlgorithms {
+		b.Run(algo.String(), func(b *testing.B) {
+			c := benchCheck(algo, "tenant-42")
+			if algo == SlidingLog {
+				// A log of 1<<40 entries is not a realistic bucket: 100 per
+				// minute is, and it fills up during the benchmark.
+				c.Rate = Rate{Limit: 100, Window: time.Minute}
+			}
+			benchDecide(b, s, client, []Check{c})
+		})
+	}
+	b.Run("3-policies", func(b *testing.B) {
+		benchDecide(b, s, client, benchThreePolicies("tenant-42"))
+	})
+	// The floor: a plain GET round trip on the same client.
+	b.Run("baseline-GET", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := client.Get(bgCtx, "nothing").Err(); err != redis.Nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// benchThreePolicies is a typical request: a per-second burst limit, a
+// per-minute limit and a daily quota of one tenant.
+func benchThreePolicies(tenant string) []Check {
+	return []Check{
+		{Algorithm: TokenBucket, Tenant: tenant, Policy: "burst", Rate: Rate{Limit: 1 << 40, Window: time.Second}, Cost: 1},
+		{Algorithm: SlidingWindow, Tenant: tenant, Policy: "minute", Part: "GET /v1/items", Rate: Rate{Limit: 1 << 40, Window: time.Minute}, Cost: 1},
+		{Algorithm: FixedWindow, Tenant: tenant, Policy: "daily", Rate: Rate{Limit: 1 << 40, Window: 24 * time.Hour}, Cost: 1},
+	}
+}
+
+// memoryTenants is how many buckets BenchmarkRedisMemory creates.
+const memoryTenants = 100_000
+
+// BenchmarkRedisMemory: the Redis memory of one bucket per algorithm,
+// measured over 100 000 tenants with one request each (key, value, TTL and
+// Redis' per-key overhead; keys like "rl:gcra:{tenant-000042}:api"). The
+// sliding log is measured with 1 and with 100 units logged. The loop then
+// decides on random existing buckets of that keyspace.
+func BenchmarkRedisMemory(b *testing.B) {
+	s, client := benchRedisStore(b)
+	type variant struct {
+		name string
+		algo Algorithm
+		cost int64
+	}
+	var variants []variant
+	for _, algo := range benchAlgorithms {
+		variants = append(variants, variant{algo.String(), algo, 1})
+	}
+	variants = append(variants, variant{"sliding_log/100-units", SlidingLog, 100})
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			if err := client.FlushAll(bgCtx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			check := func(i int) Check {
+				return Check{Algorithm: v.algo, Tenant: fmt.Sprintf("tenant-%06d", i), Policy: "api",
+					Rate: Rate{Limit: 100, Window: time.Hour}, Cost: v.cost}
+			}
+			// Warm up (script cache, client buffers) before the baseline.
+			mustDecide(b, s, Check{Algorithm: v.algo, Tenant: "warm", Policy: "warm", Rate: Rate{Limit: 1000, Window: time.Hour}, Cost: 1})
+			client.Del(bgCtx, string(AppendKey(nil, "rl", v.algo, "warm", "warm", "")))
+			before := usedMemory(b, client)
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			for w := 0; w < 16; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					checks := make([]Check, 1)
+					res := make([]Result, 1)
+					for {
+						i := int(next.Add(1)) - 1
+						if i >= memoryTenants {
+							return
+						}
+						checks[0] = check(i)
+						if _, err := s.Decide(bgCtx, checks, res); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if n := client.DBSize(bgCtx).Val(); n != memoryTenants {
+				b.Fatalf("%d keys, want %d", n, memoryTenants)
+			}
+			perKey := float64(usedMemory(b, client)-before) / memoryTenants
+
+			checks := make([]Check, 1)
+			res := make([]Result, 1)
+			i := 0
+			for b.Loop() {
+				i = (i + 7919) % memoryTenants
+				checks[0] = check(i)
+				checks[0].Cost = 0
+				if _, err := s.Decide(bgCtx, checks, res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(perKey, "bytes/key")
+		})
+	}
+}
+
+func usedMemory(b *testing.B, client *redis.Client) int64 {
+	b.Helper()
+	n, err := strconv.ParseInt(infoField(b, client, "memory", "used_memory"), 10, 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}

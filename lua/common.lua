@@ -1,0 +1,142 @@
+-- common.lua: helpers shared by every Tollgate script. The scripts are
+-- assembled by embed.go: this file first, then one file per algorithm, then
+-- the entry point (decide.lua or refund.lua). Everything is local: Redis
+-- forbids globals in scripts.
+--
+-- Units: instants and durations are integer microseconds (Redis TIME);
+-- counts are integers. Lua numbers are doubles, exact up to 2^53, which
+-- the Go side guarantees for every argument. The arithmetic mirrors the Go
+-- functions of package limiter (which work in nanoseconds) step by step.
+
+local MAX_SAFE = 9007199254740992 -- 2^53
+
+-- ALGORITHMS maps an algorithm name to a constructor of its
+-- implementation, a table of
+--   decode(raw)              -> state       raw is the stored value or false
+--   encode(state)            -> string
+--   eval(s, now, r, cost)    -> allowed, remaining, retry_us, reset_us, next
+--   ttl(s, now, r)           -> µs until s equals a fresh bucket (<= 0: fresh)
+--   refund(s, r, cost, at)   -> state with cost units charged at `at` given back
+-- r is a rate: {limit, window, burst, minint, cap} (see parse_check).
+-- Redis runs the whole script on every call and keeps nothing between
+-- calls, so an algorithm's functions are only built when a call uses it
+-- (see algorithm): a one-check call does not pay for all six.
+local ALGORITHMS = {}
+local BUILT = {}
+
+-- algorithm returns the implementation of the algorithm called name, or
+-- raises an error for an unknown name.
+local function algorithm(name)
+  local alg = BUILT[name]
+  if alg then return alg end
+  local build = ALGORITHMS[name]
+  if not build then
+    error('tollgate: unknown algorithm ' .. tostring(name))
+  end
+  alg = build()
+  BUILT[name] = alg
+  return alg
+end
+
+-- ceil_pos rounds a non-negative float up; 0 for x <= 0 or NaN.
+local function ceil_pos(x)
+  if x ~= x or x <= 0 then return 0 end
+  if x >= MAX_SAFE then return MAX_SAFE end
+  return math.ceil(x)
+end
+
+-- floor_units clamps x to [0, m] and rounds it down.
+local function floor_units(x, m)
+  if x ~= x or x <= 0 then return 0 end
+  if x >= m then return m end
+  return math.floor(x)
+end
+
+-- idiv is floor(a / b) for integers a >= 0, b > 0, exact even where the
+-- float quotient rounds to the wrong side of an integer.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- window_start is the start of the window of length w that holds t, windows
+-- being aligned to the Unix epoch.
+local function window_start(t, w)
+  return idiv(t, w) * w
+end
+
+-- settle returns the smallest wait near w for which ok holds (ok is
+-- monotonic): a float estimate is checked against the admission test
+-- itself, so a wait is never earlier than the quota really frees.
+local function settle(w, ok)
+  if ok(w) then
+    local i = 0
+    while i < 8 and w > 0 and ok(w - 1) do
+      w = w - 1
+      i = i + 1
+    end
+    return w
+  end
+  local step, i = 1, 0
+  while not ok(w) do
+    if w >= MAX_SAFE then return MAX_SAFE end
+    w = w + step
+    if i >= 4 then step = step + step end
+    i = i + 1
+  end
+  return w
+end
+
+-- int formats an integer-valued number for a Redis argument (tostring
+-- would print 1e+15).
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- now_us returns the instant of the call: Redis TIME, read once per script.
+-- override (an argument) replaces it only in tests; production passes "0".
+local function now_us(override)
+  local t = tonumber(override)
+  if t and t > 0 then return t end
+  local tm = redis.call('TIME')
+  return tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+end
+
+-- CHECK_ARGS is the number of arguments of one check, after the script's
+-- own leading arguments: algorithm, limit, window_us, burst, min_interval_us,
+-- cost, shadow ("1" or "0").
+local CHECK_ARGS = 7
+
+-- parse_check reads check i whose arguments start after ARGV[base]. It
+-- returns the algorithm implementation, the rate, the cost and the shadow
+-- flag.
+local function parse_check(i, base)
+  local b = base + (i - 1) * CHECK_ARGS
+  local alg = algorithm(ARGV[b + 1])
+  local r = {
+    limit = tonumber(ARGV[b + 2]),
+    window = tonumber(ARGV[b + 3]),
+    burst = tonumber(ARGV[b + 4]),
+    minint = tonumber(ARGV[b + 5]),
+  }
+  if r.burst > 0 then r.cap = r.burst else r.cap = r.limit end
+  return alg, r, tonumber(ARGV[b + 6]), ARGV[b + 7] == '1'
+end
+
+-- store writes state s of key with a TTL that ends when s equals a fresh
+-- bucket (rounded up to the millisecond), or deletes the key when s already
+-- does: an expired key and a fresh bucket mean the same thing.
+local function store(key, alg, s, r, now)
+  local ttl = alg.ttl(s, now, r)
+  if ttl <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('SET', key, alg.encode(s), 'PX', int(math.ceil(ttl / 1000)))
+end
+

@@ -1,0 +1,57 @@
+-- concurrency.lua: mirrors limiter/concurrency.go.
+--
+-- The bucket counts units in flight. A request of cost c is admitted when
+-- inflight + c <= limit and holds c units until release.lua gives them back.
+-- RetryAfter of a denial (and Reset while anything is in flight) is 1s, a
+-- guess: nothing tells when a request in flight will finish.
+--
+-- State {n}: stored as a decimal integer string (Redis keeps it as an int).
+--
+-- TTL: a counter has no window, so it gets a safety TTL of CONCURRENCY_TTL_MS
+-- (10 minutes, limiter.RedisConcurrencyTTL), set again on every acquire.
+-- If an instance dies without releasing, its slots are forgotten at the
+-- latest 10 minutes after the bucket's last acquire; the price is that a
+-- bucket with no acquire for 10 minutes forgets requests still in flight
+-- (their releases are then ignored, never driving the count below zero).
+ALGORITHMS.concurrency = function()
+  local CONCURRENCY_TTL_MS = 600000
+  local RETRY_US = 1000000
+
+  local function result(n, r)
+    local reset = 0
+    if n > 0 then reset = RETRY_US end
+    return math.max(r.limit - n, 0), reset
+  end
+
+  return {
+    decode = function(raw)
+      return {n = tonumber(raw) or 0}
+    end,
+
+    encode = function(s)
+      return int(s.n)
+    end,
+
+    eval = function(s, now, r, cost)
+      local rem, reset = result(s.n, r)
+      if cost == 0 then
+        return true, rem, 0, reset, s
+      elseif cost > r.limit or s.n > r.limit - cost then
+        return false, rem, RETRY_US, reset, s
+      end
+      local nxt = {n = s.n + cost}
+      rem, reset = result(nxt.n, r)
+      return true, rem, 0, reset, nxt
+    end,
+
+    ttl = function(s, now, r)
+      if s.n > 0 then return CONCURRENCY_TTL_MS * 1000 end
+      return 0
+    end,
+
+    refund = function(s, r, cost, at)
+      return {n = math.max(s.n - cost, 0)}
+    end,
+  }
+end
+

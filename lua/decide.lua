@@ -1,0 +1,83 @@
+-- decide.lua: the entry point of the decide script (limiter.RedisStore
+-- Decide and Peek). One call decides one request, all or nothing.
+--
+-- KEYS[i]  the bucket key of check i (all in one cluster slot)
+-- ARGV[1]  mode: "decide" (charge if admitted), "peek" (never charge; each
+--          check alone against the stored state) or "dry" (evaluate as
+--          decide, then answer as for a request that was not admitted)
+-- ARGV[2]  "0", or an instant in µs that replaces Redis TIME (tests only)
+-- ARGV[3 + 7(i-1) ...] check i: algorithm, limit, window_us, burst,
+--          min_interval_us, cost, shadow ("1"/"0")
+--
+-- Returns {admitted (1/0), now_us, then per check: allowed (1/0),
+-- remaining, retry_after_us, reset_us}.
+--
+-- Semantics (limiter.Store): every check is evaluated at the same instant,
+-- in order; two checks of one key are chained, the second seeing the first
+-- as charged when that one allows. The request is admitted when every
+-- non-shadow check allows; then every check that allows (shadow ones too)
+-- is charged and each written key gets a TTL. Otherwise nothing is written,
+-- and the checks that allowed report their bucket as it is.
+local mode = ARGV[1]
+local now = now_us(ARGV[2])
+local n = #KEYS
+
+local buckets = {} -- key -> {orig = stored state, cur = tentative state}
+local algs, rates, costs, charged = {}, {}, {}, {}
+local allowed, rem, retry, reset = {}, {}, {}, {}
+local admitted = true
+
+for i = 1, n do
+  local alg, r, cost, shadow = parse_check(i, 2)
+  local key = KEYS[i]
+  local b = buckets[key]
+  if not b then
+    local s = alg.decode(redis.call('GET', key))
+    b = {orig = s, cur = s}
+    buckets[key] = b
+  end
+  algs[i], rates[i], costs[i] = alg, r, cost
+  local ok, nxt
+  if mode == 'peek' then
+    ok, rem[i], retry[i], reset[i] = alg.eval(b.orig, now, r, cost)
+    if ok and cost > 0 then
+      ok, rem[i], retry[i], reset[i] = alg.eval(b.orig, now, r, 0)
+    end
+  else
+    ok, rem[i], retry[i], reset[i], nxt = alg.eval(b.cur, now, r, cost)
+    if ok and cost > 0 then
+      b.cur = nxt
+      charged[i] = true
+    end
+  end
+  allowed[i] = ok
+  if not ok and not shadow then admitted = false end
+end
+
+if mode == 'decide' and admitted then
+  -- Write each charged key once, with the rate of its last charged check.
+  local last = {}
+  for i = 1, n do
+    if charged[i] then last[KEYS[i]] = i end
+  end
+  for key, i in pairs(last) do
+    store(key, algs[i], buckets[key].cur, rates[i], now)
+  end
+elseif mode ~= 'peek' then
+  -- Not admitted (or a dry run): nothing was charged.
+  for i = 1, n do
+    if charged[i] then
+      allowed[i], rem[i], retry[i], reset[i] = algs[i].eval(buckets[KEYS[i]].orig, now, rates[i], 0)
+    end
+  end
+end
+
+local out = {admitted and 1 or 0, now}
+for i = 1, n do
+  local j = 3 + 4 * (i - 1)
+  out[j] = allowed[i] and 1 or 0
+  out[j + 1] = rem[i]
+  out[j + 2] = math.max(retry[i], 0)
+  out[j + 3] = math.max(reset[i], 0)
+end
+return out

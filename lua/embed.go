@@ -1,0 +1,53 @@
+// Package lua holds Tollgate's Redis scripts.
+//
+// Each algorithm lives in its own file (token_bucket.lua, gcra.lua,
+// sliding_window.lua, fixed_window.lua, sliding_log.lua, concurrency.lua)
+// as a table of pure functions that mirror the Go functions of package
+// limiter, in microseconds. The scripts that Redis runs are assembled from
+// them: common.lua (shared helpers), every algorithm file, then an entry
+// point. So a request whose policies use different algorithms is still one
+// EVALSHA.
+//
+// The argument and reply layouts are documented at the top of decide.lua,
+// refund.lua and release.lua.
+package lua
+
+import _ "embed"
+
+var (
+	//go:embed common.lua
+	common string
+	//go:embed token_bucket.lua
+	tokenBucket string
+	//go:embed gcra.lua
+	gcra string
+	//go:embed sliding_window.lua
+	slidingWindow string
+	//go:embed fixed_window.lua
+	fixedWindow string
+	//go:embed sliding_log.lua
+	slidingLog string
+	//go:embed concurrency.lua
+	concurrency string
+	//go:embed decide.lua
+	decide string
+	//go:embed refund.lua
+	refund string
+	//go:embed release.lua
+	release string
+)
+
+// algorithms is common.lua followed by every algorithm file.
+var algorithms = common + tokenBucket + gcra + slidingWindow + fixedWindow + slidingLog + concurrency
+
+// The assembled scripts.
+var (
+	// Decide decides (or peeks at, or dry-runs) the checks of one request
+	// atomically: common.lua, the algorithms and decide.lua.
+	Decide = algorithms + decide
+	// Refund gives back what a Decide charged: common.lua, the algorithms
+	// and refund.lua. Used only across Redis Cluster slots.
+	Refund = algorithms + refund
+	// Release gives back concurrency slots: release.lua.
+	Release = release
+)
