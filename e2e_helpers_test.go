@@ -213,3 +213,16 @@ func takeRecordedEvents() []caddy.Event {
 	recordedEvents = nil
 	return ev
 }
+
+// waitFor polls cond for up to 10 seconds and fails the test if it never
+// holds.
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -97,6 +97,7 @@ type Handler struct {
 	events     *caddyevents.App
 	store      limiter.Store
 	storeKey   string
+	redisKey   string
 	policies   []*policyRuntime
 	headerMode headerMode
 }
@@ -124,11 +125,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
 
-	if h.Redis != nil {
-		return errors.New("redis: the shared Redis store is not available in this version of Tollgate yet; remove the redis block to use the embedded store")
-	}
 	if h.DenialsStream > 0 {
-		return errors.New("denials_stream: needs a redis block (the stream lives in Redis)")
+		if h.Redis == nil {
+			return errors.New("denials_stream: needs a redis block (the stream lives in Redis)")
+		}
+		return errors.New("denials_stream: the denial stream is not available in this version of Tollgate yet")
 	}
 	if h.MetricsTenants > 0 {
 		return errors.New("metrics_tenants: per-tenant metrics are not available in this version of Tollgate yet")
@@ -160,12 +161,32 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("getting events app: %v", err)
 	}
 
+	if h.Redis != nil {
+		return h.provisionRedis()
+	}
 	sweep := time.Duration(h.SweepInterval)
 	if sweep <= 0 {
 		sweep = time.Minute
 	}
 	h.store, h.storeKey, err = loadEmbeddedStore(sweep)
 	return err
+}
+
+// provisionRedis attaches the handler to the shared client of its
+// connection settings.
+func (h *Handler) provisionRedis() error {
+	conn := h.Redis.connection()
+	client, key, err := loadRedisClient(conn)
+	if err != nil {
+		return fmt.Errorf("redis: %v", err)
+	}
+	h.redisKey = key
+	h.store = limiter.NewRedisStore(limiter.RedisOptions{
+		Client:  client,
+		Prefix:  h.Redis.KeyPrefix,
+		Timeout: conn.Timeout,
+	})
+	return nil
 }
 
 // provisionPolicies turns rate_limits into runtime policies, in name order
@@ -217,14 +238,18 @@ func (h *Handler) Validate() error {
 	return h.validateConfig()
 }
 
-// Cleanup lets go of the shared store; the last handler to do so closes it.
+// Cleanup lets go of the shared store or Redis client; the last handler
+// to do so closes it.
 func (h *Handler) Cleanup() error {
+	var err error
 	if h.storeKey != "" {
-		_, err := embeddedStores.Delete(h.storeKey)
-		h.storeKey, h.store = "", nil
-		return err
+		_, err = embeddedStores.Delete(h.storeKey)
 	}
-	return nil
+	if h.redisKey != "" {
+		_, err = redisClients.Delete(h.redisKey)
+	}
+	h.storeKey, h.redisKey, h.store = "", "", nil
+	return err
 }
 
 // ServeHTTP decides r against every policy that matches it, all or
