@@ -36,3 +36,25 @@ func loadEmbeddedStore(sweep time.Duration) (limiter.Store, string, error) {
 	}
 	return v.(embeddedStore).MemoryStore, key, nil
 }
+
+// fallbackStoreKey names the process-wide store of fail_mode local
+// policies. It is separate from the embedded stores so fallback buckets
+// never mix with real ones.
+const fallbackStoreKey = "memory/fallback"
+
+// fallbackShare is the share of each limit an instance grants on its own
+// while Redis fails: 70%, divided by the live instances once the instance
+// registry lands (until then this instance counts as alone).
+const fallbackShare = 0.7
+
+// loadFallbackStore returns the shared fallback store. Release it with
+// embeddedStores.Delete(key).
+func loadFallbackStore() (limiter.Store, string, error) {
+	v, _, err := embeddedStores.LoadOrNew(fallbackStoreKey, func() (caddy.Destructor, error) {
+		return embeddedStore{limiter.NewMemoryStore(limiter.MemoryOptions{Prefix: "fallback"})}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(embeddedStore).MemoryStore, fallbackStoreKey, nil
+}

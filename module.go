@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -92,14 +93,19 @@ type Handler struct {
 	// warning: `redis` supersedes it.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
-	ctx        caddy.Context
-	logger     *zap.Logger
-	events     *caddyevents.App
-	store      limiter.Store
-	storeKey   string
-	redisKey   string
-	policies   []*policyRuntime
-	headerMode headerMode
+	ctx      caddy.Context
+	logger   *zap.Logger
+	events   *caddyevents.App
+	store    limiter.Store
+	storeKey string
+	redisKey string
+	// fallback decides fail_mode local policies while Redis fails.
+	fallback    limiter.Fallback
+	fallbackKey string
+	// lastStoreWarning (unix nanos) throttles store failure logs.
+	lastStoreWarning *atomic.Int64
+	policies         []*policyRuntime
+	headerMode       headerMode
 }
 
 // CaddyModule returns the Caddy module information.
@@ -124,6 +130,7 @@ var (
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
+	h.lastStoreWarning = new(atomic.Int64)
 
 	if h.DenialsStream > 0 {
 		if h.Redis == nil {
@@ -181,6 +188,12 @@ func (h *Handler) provisionRedis() error {
 		return fmt.Errorf("redis: %v", err)
 	}
 	h.redisKey = key
+	fallback, fallbackKey, err := loadFallbackStore()
+	if err != nil {
+		return err
+	}
+	h.fallbackKey = fallbackKey
+	h.fallback = limiter.Fallback{Store: fallback, Scale: fallbackShare}
 	h.store = limiter.NewRedisStore(limiter.RedisOptions{
 		Client:  client,
 		Prefix:  h.Redis.KeyPrefix,
@@ -203,6 +216,13 @@ func (h *Handler) provisionPolicies(ctx caddy.Context) error {
 		policy, err := buildPolicy(name, pc, h)
 		if err != nil {
 			return err
+		}
+		mode := pc.FailMode
+		if mode == "" {
+			mode = h.FailMode
+		}
+		if policy.FailMode, err = limiter.ParseFailMode(mode); err != nil {
+			return fmt.Errorf("rate_limits.%s: fail_mode: %v", name, err)
 		}
 		rt := &policyRuntime{
 			policy:     policy,
@@ -248,7 +268,10 @@ func (h *Handler) Cleanup() error {
 	if h.redisKey != "" {
 		_, err = redisClients.Delete(h.redisKey)
 	}
-	h.storeKey, h.redisKey, h.store = "", "", nil
+	if h.fallbackKey != "" {
+		_, err = embeddedStores.Delete(h.fallbackKey)
+	}
+	h.storeKey, h.redisKey, h.fallbackKey, h.store = "", "", "", nil
 	return err
 }
 
@@ -301,8 +324,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	d := &st.decision
-	if err := d.Decide(r.Context(), h.store, st.items); err != nil {
-		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
+	if h.Redis == nil {
+		if err := d.Decide(r.Context(), h.store, st.items); err != nil {
+			return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
+		}
+	} else if err := d.DecideOrFallback(r.Context(), h.store, h.fallback, st.items); err != nil {
+		h.storeFailed(err)
 	}
 	shown := h.report(w, r, repl, st)
 	if !d.Admitted {
@@ -319,7 +346,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // release gives back concurrency slots. The request context may already be
 // cancelled (client gone), so it is not used for the store call.
 func (h *Handler) release(r *http.Request, d *limiter.Decision) {
-	if err := d.Release(context.WithoutCancel(r.Context()), h.store); err != nil {
+	if err := d.Release(context.WithoutCancel(r.Context())); err != nil {
 		h.logger.Error("releasing concurrency slots", zap.Error(err))
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -112,4 +113,77 @@ func TestRedisConnectionOptions(t *testing.T) {
 			t.Errorf("key not on the master: EXISTS = %q", got)
 		}
 	})
+}
+
+// TestRedisDownFailModes: with redis-server killed, each policy follows
+// its fail mode, quickly, and the store error is logged once, not per
+// request.
+func TestRedisDownFailModes(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	logFile := t.TempDir() + "/caddy.log"
+	block := func(mode string) string {
+		return fmt.Sprintf(`
+		rate_limit {
+			redis {
+				address %s
+				timeout 50ms
+			}
+			tenant {http.request.header.X-Tenant}
+			fail %s
+			policy api_%s {
+				limit 10
+				window 1h
+			}
+		}`, srv.Addr, mode, mode)
+	}
+	s := startCaddy(t, fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tformat json\n\t}", logFile), fmt.Sprintf(`
+	route /open {%s
+		respond "ok"
+	}
+	route /closed {%s
+		respond "ok"
+	}
+	route /local {%s
+		respond "ok"
+	}`, block("open"), block("closed"), block("local")), nil)
+
+	// Redis up: every mode enforces the shared limit.
+	if c := s.statuses(3, "/closed", "X-Tenant", "acme"); c[200] != 3 {
+		t.Fatalf("redis up: %v", c)
+	}
+	srv.Kill()
+
+	start := time.Now()
+	if c := s.statuses(20, "/open", "X-Tenant", "acme"); c[200] != 20 {
+		t.Errorf("fail open: %v, want 20 x 200", c)
+	}
+	if r := s.get("/open", "X-Tenant", "acme"); r.header.Get("RateLimit") != "" {
+		t.Errorf("fail open wrote quota headers it cannot know: %q", r.header.Get("RateLimit"))
+	}
+	r := s.get("/closed", "X-Tenant", "acme")
+	if r.status != 429 || r.header.Get("Retry-After") != "1" {
+		t.Errorf("fail closed: %d Retry-After %q, want 429 and 1", r.status, r.header.Get("Retry-After"))
+	}
+	// local: 70% of 10 on this instance's own bucket.
+	if c := s.statuses(10, "/local", "X-Tenant", "acme"); c[200] != 7 || c[429] != 3 {
+		t.Errorf("fail local: %v, want 7 x 200 and 3 x 429", c)
+	}
+	if elapsed := time.Since(start); elapsed > 3*time.Second {
+		t.Errorf("32 requests with Redis down took %v", elapsed)
+	}
+	time.Sleep(100 * time.Millisecond)
+	warnings := 0
+	for _, l := range readJSONLines(t, logFile) {
+		if strings.Contains(string(l), "rate limit store failed") {
+			warnings++
+		}
+	}
+	// One per handler at most within the throttle interval.
+	if warnings < 1 || warnings > 3 {
+		t.Errorf("%d store failure warnings, want 1 to 3 (throttled)", warnings)
+	}
+
+	// Redis back (empty): decisions go to Redis again.
+	srv.Restart(t)
+	waitFor(t, func() bool { return s.get("/closed", "X-Tenant", "other").status == 200 })
 }

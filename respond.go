@@ -86,7 +86,8 @@ func pick(d *limiter.Decision, enforcedOnly bool) int {
 	best := -1
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
-		if !v.Counted() || (enforcedOnly && !v.Enforced()) {
+		// A fail-open verdict knows nothing about the quota: nothing to show.
+		if !v.Counted() || v.Path == limiter.PathFailedOpen || (enforcedOnly && !v.Enforced()) {
 			continue
 		}
 		if best < 0 {
@@ -246,4 +247,19 @@ func loggable(s string) string {
 		return s
 	}
 	return s[:maxLoggedValue] + "...(" + strconv.Itoa(len(s)) + " bytes)"
+}
+
+// storeWarningInterval is the least time between two store failure logs,
+// so an outage does not log once per request.
+const storeWarningInterval = 10 * time.Second
+
+// storeFailed logs a store failure, at most once per storeWarningInterval;
+// the decision itself was taken by the policies' fail modes.
+func (h *Handler) storeFailed(err error) {
+	now := time.Now().UnixNano()
+	last := h.lastStoreWarning.Load()
+	if now-last < int64(storeWarningInterval) || !h.lastStoreWarning.CompareAndSwap(last, now) {
+		return
+	}
+	h.logger.Warn("rate limit store failed; deciding by fail mode", zap.Error(err))
 }

@@ -24,6 +24,8 @@ type Verdict struct {
 	// Result is the store's answer. For an unlimited item it is an
 	// admitting result with Remaining -1, and the store was not asked.
 	Result Result
+	// Path says whether the store answered or a fail mode decided.
+	Path Path
 }
 
 // Counted reports whether the item was decided by the store; unlimited
@@ -46,9 +48,10 @@ type Decision struct {
 	// Verdicts has one entry per Item, in order.
 	Verdicts []Verdict
 
-	checks  []Check
-	results []Result
-	counted []int // index in Verdicts of each check
+	checks    []Check
+	results   []Result
+	counted   []int // index in Verdicts of each check
+	decidedBy Store // the store that holds the charges, for Release
 }
 
 // Reset empties d for reuse.
@@ -58,6 +61,7 @@ func (d *Decision) Reset() {
 	d.checks = d.checks[:0]
 	d.results = d.results[:0]
 	d.counted = d.counted[:0]
+	d.decidedBy = nil
 }
 
 // Decide resolves each item's limit and asks store for one all-or-nothing
@@ -88,6 +92,7 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 		d.Admitted = true
 		return nil
 	}
+	d.decidedBy = store
 	for range d.checks {
 		d.results = append(d.results, Result{})
 	}
@@ -102,10 +107,10 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 	return nil
 }
 
-// Release gives back the concurrency slots an admitted decision took.
-// Call it once, when the request is done; it is a no-op when the decision
-// holds no charged concurrency check.
-func (d *Decision) Release(ctx context.Context, store Store) error {
+// Release gives back the concurrency slots an admitted decision took, to
+// the store that charged them. Call it once, when the request is done; it
+// is a no-op when the decision holds no charged concurrency check.
+func (d *Decision) Release(ctx context.Context) error {
 	if !d.Admitted {
 		return nil
 	}
@@ -121,7 +126,7 @@ func (d *Decision) Release(ctx context.Context, store Store) error {
 		return nil
 	}
 	d.checks = d.checks[:n]
-	return store.Release(ctx, d.checks)
+	return d.decidedBy.Release(ctx, d.checks)
 }
 
 // HoldsSlots reports whether Release has work to do.

@@ -50,6 +50,8 @@ type Policy struct {
 	Tiers map[string]Limit
 	// Overrides maps a tenant to its own limit.
 	Overrides map[string]Limit
+	// FailMode decides the policy's requests while its store fails.
+	FailMode FailMode
 }
 
 // Resolve returns the limit that applies to tenant (whose tier is tier) and

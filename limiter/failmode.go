@@ -1,0 +1,144 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+)
+
+// FailMode says how a policy decides when its store cannot answer.
+type FailMode uint8
+
+// The fail modes. FailLocal is the zero value because it is the default.
+const (
+	// FailLocal decides on an in-process fallback store with the limit
+	// scaled down (see Decision.DecideOrFallback).
+	FailLocal FailMode = iota
+	// FailOpen admits.
+	FailOpen
+	// FailClosed denies.
+	FailClosed
+)
+
+// FailModeNames lists the valid fail mode names, for error messages.
+const FailModeNames = "open, closed, local"
+
+var failModeNames = [...]string{FailLocal: "local", FailOpen: "open", FailClosed: "closed"}
+
+// String returns the configuration name of m.
+func (m FailMode) String() string {
+	if int(m) < len(failModeNames) {
+		return failModeNames[m]
+	}
+	return fmt.Sprintf("failmode(%d)", uint8(m))
+}
+
+// ParseFailMode turns a configuration name into a FailMode; "" is
+// FailLocal.
+func ParseFailMode(name string) (FailMode, error) {
+	if name == "" {
+		return FailLocal, nil
+	}
+	for i, n := range failModeNames {
+		if n == name {
+			return FailMode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown fail mode %q (allowed: %s)", name, FailModeNames)
+}
+
+// Path says how a verdict was reached.
+type Path uint8
+
+// Paths of a verdict.
+const (
+	// PathStore: the store answered.
+	PathStore Path = iota
+	// PathFailedOpen: the store failed and the policy admits (FailOpen).
+	PathFailedOpen
+	// PathFailedClosed: the store failed and the policy denies (FailClosed).
+	PathFailedClosed
+	// PathFallback: the store failed and the fallback store answered
+	// (FailLocal).
+	PathFallback
+)
+
+// FailedClosedRetryAfter is the RetryAfter of a FailClosed denial: the
+// store is expected back soon, and nothing better is known.
+const FailedClosedRetryAfter = time.Second
+
+// Fallback is the in-process store FailLocal policies use while the
+// primary store fails, and the share of each limit it grants.
+type Fallback struct {
+	// Store keeps the fallback buckets; keep it apart from any store that
+	// holds real buckets.
+	Store Store
+	// Scale multiplies every limit and burst (at least 1 unit remains),
+	// e.g. 0.7 / live instances.
+	Scale float64
+}
+
+// scaled returns r with Limit and Burst multiplied by f, at least 1.
+func (r Rate) scaled(f float64) Rate {
+	r.Limit = max(1, int64(math.Floor(float64(r.Limit)*f)))
+	if r.Burst > 0 {
+		r.Burst = max(1, int64(math.Floor(float64(r.Burst)*f)))
+	}
+	return r
+}
+
+// DecideOrFallback is Decide, and when the store fails it decides each
+// counted item by its policy's FailMode instead: FailOpen admits, FailClosed
+// denies (RetryAfter FailedClosedRetryAfter), FailLocal asks fb.Store with
+// the rate scaled by fb.Scale, all-or-nothing among those items. The
+// request is admitted when no enforced item denies. It returns the
+// primary store's error, nil when the store answered; d is complete
+// either way.
+func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallback, items []Item) error {
+	err := d.Decide(ctx, store, items)
+	if err == nil {
+		return nil
+	}
+	d.decidedBy = fb.Store
+	closedDenies := false
+	local := d.checks[:0]
+	localIdx := d.counted[:0]
+	for j, i := range d.counted {
+		v := &d.Verdicts[i]
+		switch items[i].Policy.FailMode {
+		case FailOpen:
+			v.Path = PathFailedOpen
+			v.Result = Result{Allowed: true, Remaining: -1}
+		case FailClosed:
+			v.Path = PathFailedClosed
+			v.Result = Result{RetryAfter: FailedClosedRetryAfter, Reset: FailedClosedRetryAfter}
+			closedDenies = closedDenies || v.Enforced()
+		default:
+			v.Path = PathFallback
+			c := d.checks[j]
+			c.Rate = c.Rate.scaled(fb.Scale)
+			local = append(local, c)
+			localIdx = append(localIdx, i)
+		}
+	}
+	d.checks, d.counted = local, localIdx
+	d.results = d.results[:len(local)]
+	admitted := true
+	if len(local) > 0 {
+		var ferr error
+		if closedDenies {
+			ferr = fb.Store.Peek(ctx, local, d.results)
+		} else {
+			admitted, ferr = fb.Store.Decide(ctx, local, d.results)
+		}
+		if ferr != nil {
+			return fmt.Errorf("%w (and the fallback store failed: %v)", err, ferr)
+		}
+		for j, i := range localIdx {
+			d.Verdicts[i].Result = d.results[j]
+		}
+	}
+	d.Admitted = admitted && !closedDenies
+	return err
+}
