@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Load benchmark: plain Caddy vs Tollgate on the embedded store and on Redis,
+# measured in one run on loopback with wrk, reported as ratios to the plain
+# Caddy baseline (absolute numbers on shared 2-core machines are noise).
+#
+#   ./bench/run.sh                 # 10 s per scenario
+#   DURATION=30s ./bench/run.sh    # longer runs
+#
+# Installs wrk and redis-server from Debian packages when missing. Prints a
+# Markdown table and writes it to bench/results/latest.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-32}
+THREADS=${THREADS:-1}
+
+need=()
+command -v wrk >/dev/null || need+=(wrk)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+if [ ${#need[@]} -gt 0 ]; then
+	sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
+	$sudo_cmd apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+echo "building cmd/caddy..." >&2
+go build -o "$work/caddy" ./cmd/caddy
+
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --logfile "$work/redis.log" &
+pids+=($!)
+wait_port "$redis_port"
+
+# scenario NAME RATE_LIMIT_BLOCK -> prints "name rps p50 p99 calls_per_req"
+scenario() {
+	local name=$1 block=$2 port admin
+	port=$(free_port); admin=$(free_port)
+	cat >"$work/$name.Caddyfile" <<CADDY
+{
+	admin 127.0.0.1:$admin
+	auto_https off
+	log {
+		output discard
+	}
+}
+http://127.0.0.1:$port {
+$block
+	respond "ok"
+}
+CADDY
+	"$work/caddy" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
+	local pid=$!
+	wait_port "$port"
+	# warm up: connections, buckets, scripts
+	wrk -t1 -c"$CONNECTIONS" -d2s -s bench/tenants.lua "http://127.0.0.1:$port/" >/dev/null
+	local before after
+	before=$(redis-cli -p "$redis_port" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p'); before=${before:-0}
+	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s bench/tenants.lua "http://127.0.0.1:$port/" >"$work/$name.wrk"
+	after=$(redis-cli -p "$redis_port" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p'); after=${after:-0}
+	kill "$pid"; wait "$pid" 2>/dev/null || true
+	local rps p50 p99 requests non2xx
+	rps=$(awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk")
+	p50=$(awk '$1=="50%" {print $2}' "$work/$name.wrk")
+	p99=$(awk '$1=="99%" {print $2}' "$work/$name.wrk")
+	requests=$(awk '/requests in/ {print $1}' "$work/$name.wrk")
+	non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/$name.wrk"); non2xx=${non2xx:-0}
+	if [ "$non2xx" != 0 ]; then echo "$name: $non2xx non-2xx responses (limits too low?)" >&2; fi
+	python3 -c "print('$name', $rps, '$p50', '$p99', round(($after-$before)/max($requests,1), 3))"
+}
+
+policy='	rate_limit {
+		%s
+		tenant {http.request.header.X-Tenant}
+		headers both
+		policy api {
+			algorithm token_bucket
+			limit 1000000000
+			window 1h
+		}
+	}'
+redis_block="redis {
+			address 127.0.0.1:$redis_port
+		}"
+
+results=()
+results+=("$(scenario baseline '')")
+results+=("$(scenario embedded "$(printf "$policy" '')")")
+results+=("$(scenario redis "$(printf "$policy" "$redis_block")")")
+
+mkdir -p bench/results
+python3 - "${results[@]}" <<'PY' | tee bench/results/latest.md
+import sys, subprocess
+rows = [r.split() for r in sys.argv[1:]]
+base = float(rows[0][1])
+labels = {
+    "baseline": "plain Caddy `respond` (baseline)",
+    "embedded": "rate_limit, embedded store",
+    "redis": "rate_limit, Redis, no lease",
+}
+print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request |")
+print("|---|---|---|---|---|---|")
+for name, rps, p50, p99, calls in rows:
+    print(f"| {labels.get(name, name)} | {float(rps):.0f} | {float(rps)/base:.2f} | {p50} | {p99} | {calls} |")
+PY
