@@ -77,6 +77,10 @@ type Fallback struct {
 	// Scale multiplies every limit and burst (at least 1 unit remains),
 	// e.g. 0.7 / live instances.
 	Scale float64
+	// Recorder, when not nil, records every unit the fallback store
+	// charged, with the unscaled rate, to be charged to the primary store
+	// when it is back (see Recorder).
+	Recorder *Recorder
 }
 
 // scaled returns r with Limit and Burst multiplied by f, at least 1.
@@ -94,7 +98,8 @@ func (r Rate) scaled(f float64) Rate {
 // the rate scaled by fb.Scale, all-or-nothing among those items. The
 // request is admitted when no enforced item denies. It returns the
 // primary store's error, nil when the store answered; d is complete
-// either way.
+// either way. With fb.Recorder set, the units the fallback store charged
+// are recorded for recovery accounting.
 func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallback, items []Item) error {
 	err := d.Decide(ctx, store, items)
 	if err == nil {
@@ -137,6 +142,15 @@ func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallbac
 		}
 		for j, i := range localIdx {
 			d.Verdicts[i].Result = d.results[j]
+		}
+		if admitted && !closedDenies && fb.Recorder != nil {
+			for j, i := range localIdx {
+				// Charged: every non-shadow check, and shadow ones that
+				// allowed.
+				if c := &local[j]; c.Cost > 0 && (!c.Shadow || d.results[j].Allowed) {
+					fb.Recorder.Record(c, d.Verdicts[i].Limit.Rate, c.Cost)
+				}
+			}
 		}
 	}
 	d.Admitted = admitted && !closedDenies

@@ -45,7 +45,7 @@ type RedisOptions struct {
 	// Timeout is the deadline of every call; 0 means 100ms.
 	Timeout time.Duration
 	// Observe, when not nil, is called after every script round trip with
-	// the script ("decide", "peek", "dry", "refund" or "release"), how it
+	// the script ("decide", "peek", "dry", "force", "refund" or "release"), how it
 	// ended ("ok", "error", "timeout", or "noscript" for an EVALSHA that
 	// Redis did not know, which is then retried at once with EVAL) and how
 	// long it took. It must be cheap and safe for concurrent use.
@@ -90,6 +90,11 @@ type RedisOptions struct {
 // than the limits allow. A refund that fails (timeout) leaves its units
 // charged until they refill (a concurrency slot: until its safety TTL).
 // Standalone and Sentinel always use one call.
+//
+// When a call fails in a cluster, the store asks the client to reload its
+// slot map, so a promoted replica takes over the dead master's slots as
+// soon as the cluster has failed over (go-redis by itself reloads only on
+// MOVED, which a dead node never answers, or every 60s).
 //
 // Redis 5.0 or later is required (scripts replicated by effects, so that
 // they may read TIME before writing).
@@ -149,6 +154,7 @@ var (
 	scriptDecide  = &redisScript{"decide", decideScript, "decide"}
 	scriptPeek    = &redisScript{"peek", decideScript, "peek"}
 	scriptDry     = &redisScript{"dry", decideScript, "dry"}
+	scriptForce   = &redisScript{"force", decideScript, "force"}
 	scriptRefund  = &redisScript{"refund", refundScript, nil}
 	scriptRelease = &redisScript{"release", releaseScript, nil}
 )
@@ -348,6 +354,53 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 	return nil
 }
 
+// Charge implements Charger: it forces checks[i].Cost units into each
+// bucket without deciding, and stores in charged[i] how many it charged.
+// A bucket is driven at most down to empty, never into debt (see the force
+// mode in lua/decide.lua): token bucket deficit and GCRA backlog at most
+// the capacity, window and log counts at most the limit. min_interval is
+// ignored, Concurrency checks and shadow flags are ignored (nothing is
+// charged for a concurrency check). It is one script call per cluster slot
+// (one for Standalone and Sentinel), each with the store's Timeout. On
+// error charged[i] is -1 for every check whose call failed or was not made
+// (a call that timed out may still have charged).
+func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64) error {
+	if len(charged) < len(checks) {
+		return errShortResults
+	}
+	for i := range checks {
+		if err := checks[i].validateRedis(); err != nil {
+			return err
+		}
+		charged[i] = -1
+	}
+	if len(checks) == 0 {
+		return nil
+	}
+	sc := s.pool.Get().(*redisScratch)
+	defer s.pool.Put(sc)
+	multi := s.prepare(sc, checks)
+	results := make([]Result, len(checks))
+	groups := [][]int{sc.all}
+	if multi {
+		groups = sc.groups()
+	}
+	for _, g := range groups {
+		cctx, cancel := context.WithTimeout(ctx, s.timeout)
+		_, _, err := s.run(cctx, sc, scriptForce, 0, checks, g, results)
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, i := range g {
+			// The force reply carries the units charged in RetryAfter's
+			// place (µs).
+			charged[i] = int64(results[i].RetryAfter / time.Microsecond)
+		}
+	}
+	return nil
+}
+
 // run calls script (the decide script in one of its modes, or the refund
 // script for charges made at the instant at) on the checks idx and stores
 // their results. It returns the script's admission and instant.
@@ -454,6 +507,14 @@ func (s *RedisStore) eval(ctx context.Context, rs *redisScript, keys []string, a
 		s.observe(rs.name, callResult(err), time.Since(start))
 	}
 	if err != nil {
+		if s.cluster != nil && ctx.Err() != context.Canceled {
+			// A dead master is only left for its promoted replica once
+			// the client reloads the slot map, which go-redis does by
+			// itself only on MOVED or every ClusterStateReloadInterval
+			// (60s): ask for a reload now (asynchronous, at most one at
+			// a time, 200ms apart).
+			s.cluster.ReloadState(ctx)
+		}
 		return nil, fmt.Errorf("limiter: redis %s: %w", rs.name, err)
 	}
 	return v, nil

@@ -1,10 +1,11 @@
 -- decide.lua: the entry point of the decide script (limiter.RedisStore
--- Decide and Peek). One call decides one request, all or nothing.
+-- Decide, Peek and Charge). One call decides one request, all or nothing.
 --
 -- KEYS[i]  the bucket key of check i (all in one cluster slot)
 -- ARGV[1]  mode: "decide" (charge if admitted), "peek" (never charge; each
---          check alone against the stored state) or "dry" (evaluate as
---          decide, then answer as for a request that was not admitted)
+--          check alone against the stored state), "dry" (evaluate as
+--          decide, then answer as for a request that was not admitted) or
+--          "force" (charge without deciding: see below)
 -- ARGV[2]  "0", or an instant in µs that replaces Redis TIME (tests only)
 -- ARGV[3 + 7(i-1) ...] check i: algorithm, limit, window_us, burst,
 --          min_interval_us, cost, shadow ("1"/"0")
@@ -18,6 +19,16 @@
 -- non-shadow check allows; then every check that allows (shadow ones too)
 -- is charged and each written key gets a TTL. Otherwise nothing is written,
 -- and the checks that allowed report their bucket as it is.
+--
+-- Force (recovery accounting, limiter.RedisStore.Charge): every check is
+-- charged min(cost, remaining) units, in order, whatever the others do: the
+-- bucket is driven at most down to empty, never into debt (token bucket:
+-- deficit at most the capacity; GCRA: TAT at most now + tolerance; sliding
+-- and fixed windows and sliding log: at most limit units counted;
+-- min_interval is ignored; concurrency buckets are never charged). The
+-- reply's admitted is 1, and each check's retry_after_us field holds the
+-- units actually charged (allowed is 1 when any were); remaining and reset
+-- describe the bucket afterwards.
 local mode = ARGV[1]
 local now = now_us(ARGV[2])
 local n = #KEYS
@@ -25,6 +36,7 @@ local n = #KEYS
 local buckets = {} -- key -> {orig = stored state, cur = tentative state}
 local algs, rates, costs, charged = {}, {}, {}, {}
 local allowed, rem, retry, reset = {}, {}, {}, {}
+local forced = {} -- force: units charged per check
 local admitted = true
 
 for i = 1, n do
@@ -43,6 +55,28 @@ for i = 1, n do
     if ok and cost > 0 then
       ok, rem[i], retry[i], reset[i] = alg.eval(b.orig, now, r, 0)
     end
+  elseif mode == 'force' then
+    -- Charge what fits, without min_interval; never a concurrency slot.
+    local fr = {limit = r.limit, window = r.window, burst = r.burst, minint = 0, cap = r.cap}
+    local units = 0
+    if ARGV[3 + CHECK_ARGS * (i - 1)] ~= 'concurrency' then
+      local _, avail = alg.eval(b.cur, now, fr, 0)
+      units = math.min(cost, avail)
+    end
+    ok = false
+    if units > 0 then
+      ok, rem[i], retry[i], reset[i], nxt = alg.eval(b.cur, now, fr, units)
+    end
+    if ok then
+      b.cur = nxt
+      charged[i] = true
+      forced[i] = units
+    else
+      forced[i] = 0
+      local _
+      _, rem[i], retry[i], reset[i] = alg.eval(b.cur, now, fr, 0)
+    end
+    shadow = true -- force never refuses the call
   else
     ok, rem[i], retry[i], reset[i], nxt = alg.eval(b.cur, now, r, cost)
     if ok and cost > 0 then
@@ -54,7 +88,7 @@ for i = 1, n do
   if not ok and not shadow then admitted = false end
 end
 
-if mode == 'decide' and admitted then
+if (mode == 'decide' and admitted) or mode == 'force' then
   -- Write each charged key once, with the rate of its last charged check.
   local last = {}
   for i = 1, n do
@@ -77,7 +111,11 @@ for i = 1, n do
   local j = 3 + 4 * (i - 1)
   out[j] = allowed[i] and 1 or 0
   out[j + 1] = rem[i]
-  out[j + 2] = math.max(retry[i], 0)
+  if mode == 'force' then
+    out[j + 2] = forced[i]
+  else
+    out[j + 2] = math.max(retry[i], 0)
+  end
   out[j + 3] = math.max(reset[i], 0)
 end
 return out

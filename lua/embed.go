@@ -9,7 +9,7 @@
 // EVALSHA.
 //
 // The argument and reply layouts are documented at the top of decide.lua,
-// refund.lua and release.lua.
+// refund.lua, release.lua and heartbeat.lua.
 package lua
 
 import _ "embed"
@@ -35,6 +35,8 @@ var (
 	refund string
 	//go:embed release.lua
 	release string
+	//go:embed heartbeat.lua
+	heartbeat string
 )
 
 // algorithms is common.lua followed by every algorithm file.
@@ -50,4 +52,7 @@ var (
 	Refund = algorithms + refund
 	// Release gives back concurrency slots: release.lua.
 	Release = release
+	// Heartbeat registers a live instance in the <prefix>:instances sorted
+	// set and counts the live ones: heartbeat.lua.
+	Heartbeat = heartbeat
 )

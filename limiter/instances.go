@@ -1,0 +1,184 @@
+package limiter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tollgate/caddy-tollgate/lua"
+)
+
+// DefaultHeartbeatInterval is the default RegistryOptions.Interval.
+const DefaultHeartbeatInterval = time.Second
+
+// registryStaleBeats is how many heartbeat intervals a member may miss
+// before it no longer counts as live.
+const registryStaleBeats = 3
+
+// RegistryOptions configures NewRegistry.
+type RegistryOptions struct {
+	// Client talks to Redis (standalone, Sentinel or cluster). The registry
+	// does not close it.
+	Client redis.UniversalClient
+	// Prefix starts the key <prefix>:instances; "" means "rl".
+	Prefix string
+	// Interval is the time between two heartbeats; 0 means 1s. Every
+	// instance of a fleet should use the same interval: a member counts as
+	// live for 3 intervals of the instance that counts.
+	Interval time.Duration
+	// Timeout is the deadline of one heartbeat; 0 means Interval/2.
+	Timeout time.Duration
+	// ID names this instance in the set; "" means a fresh
+	// <hostname>-<pid>-<random hex>.
+	ID string
+}
+
+// Registry keeps this instance registered as live in the sorted set
+// <prefix>:instances (DESIGN §5) and counts the live instances, for the
+// fallback share (limit x 0.7 / live instances, DESIGN §7) and lease
+// sizing (§6).
+//
+// Every Interval a goroutine runs one script (lua.Heartbeat): ZADD of the
+// instance's id with Redis TIME in ms as the score, ZREMRANGEBYSCORE of the
+// members older than 3 intervals, PEXPIRE of the set (6 intervals) and
+// ZCARD. An instance that dies without Close so drops out of the count
+// after 3 intervals. In a cluster the key lives in one slot, on one master.
+//
+// Count is the last count a heartbeat returned: 1 before the first
+// successful heartbeat, and kept as it is while heartbeats fail (Redis
+// down), so the fallback share stays what it was before the outage.
+type Registry struct {
+	client   redis.UniversalClient
+	key      string
+	id       string
+	interval time.Duration
+	timeout  time.Duration
+	stale    int64 // ms
+
+	count atomic.Int64
+	last  atomic.Int64 // Unix ns of the last successful heartbeat, 0 = none
+
+	cancel    context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var heartbeatScript = redis.NewScript(lua.Heartbeat)
+
+// NewRegistry registers the instance and starts heartbeating at once, in a
+// goroutine that Close stops.
+func NewRegistry(opts RegistryOptions) *Registry {
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultHeartbeatInterval
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = opts.Interval / 2
+	}
+	if opts.ID == "" {
+		opts.ID = NewInstanceID()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Registry{
+		client:   opts.Client,
+		key:      opts.Prefix + ":instances",
+		id:       opts.ID,
+		interval: opts.Interval,
+		timeout:  opts.Timeout,
+		stale:    max(1, int64(registryStaleBeats*opts.Interval/time.Millisecond)),
+		cancel:   cancel,
+		done:     make(chan struct{}),
+	}
+	r.count.Store(1)
+	go r.run(ctx)
+	return r
+}
+
+// NewInstanceID returns <hostname>-<pid>-<8 random hex digits>.
+func NewInstanceID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// ID returns the instance's member name in the set.
+func (r *Registry) ID() string { return r.id }
+
+// Key returns the sorted set's key, <prefix>:instances.
+func (r *Registry) Key() string { return r.key }
+
+// Count returns the number of live instances seen by the last successful
+// heartbeat, this one included; 1 before the first. Never less than 1.
+func (r *Registry) Count() int { return int(r.count.Load()) }
+
+// LastHeartbeat returns when the last successful heartbeat ended; the
+// zero time before the first.
+func (r *Registry) LastHeartbeat() time.Time {
+	if ns := r.last.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+func (r *Registry) run(ctx context.Context) {
+	defer close(r.done)
+	r.beat(ctx)
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.beat(ctx)
+		}
+	}
+}
+
+// beat sends one heartbeat; a failure keeps the last count.
+func (r *Registry) beat(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	n, err := heartbeatScript.Run(ctx, r.client, []string{r.key}, r.id, r.stale, 0).Int64()
+	if err != nil {
+		return
+	}
+	r.count.Store(max(1, n))
+	r.last.Store(time.Now().UnixNano())
+}
+
+// Close stops the heartbeats and removes the instance from the set (with
+// the heartbeat timeout), so the others count it out at their next
+// heartbeat. It returns the error of that removal; the member then ages
+// out after 3 intervals. Calling Close again does nothing.
+func (r *Registry) Close() error {
+	r.closeOnce.Do(func() {
+		r.stop()
+		ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+		defer cancel()
+		r.closeErr = heartbeatScript.Run(ctx, r.client, []string{r.key}, r.id, r.stale, 1).Err()
+		if r.closeErr != nil {
+			r.closeErr = fmt.Errorf("limiter: removing instance %s from %s: %w", r.id, r.key, r.closeErr)
+		}
+	})
+	return r.closeErr
+}
+
+// stop ends the heartbeat goroutine and waits for it.
+func (r *Registry) stop() {
+	r.cancel()
+	<-r.done
+}

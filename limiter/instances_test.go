@@ -1,0 +1,108 @@
+package limiter
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// waitCount polls until r.Count() == want, failing after timeout; it
+// returns how long that took.
+func waitCount(t *testing.T, r *Registry, want int, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for r.Count() != want {
+		if time.Since(start) > timeout {
+			t.Fatalf("registry %s: Count %d after %v, want %d", r.ID(), r.Count(), timeout, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestRegistry(t *testing.T) {
+	checkLeaks(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	const interval = 100 * time.Millisecond
+	opts := RegistryOptions{Client: client, Prefix: "tg", Interval: interval}
+
+	a := NewRegistry(opts)
+	if a.Count() != 1 {
+		t.Fatalf("Count before the first heartbeat = %d, want 1", a.Count())
+	}
+	if !strings.Contains(a.ID(), "-") || a.Key() != "tg:instances" {
+		t.Errorf("ID %q, Key %q", a.ID(), a.Key())
+	}
+	b := NewRegistry(opts)
+	if a.ID() == b.ID() {
+		t.Fatal("two registries share an ID")
+	}
+	da := waitCount(t, a, 2, 2*interval+time.Second)
+	db := waitCount(t, b, 2, 2*interval+time.Second)
+	t.Logf("both count 2 after %v / %v (interval %v)", da, db, interval)
+	if a.LastHeartbeat().IsZero() {
+		t.Error("LastHeartbeat is zero after heartbeats")
+	}
+	// Scores are Redis TIME in ms; the key has a TTL.
+	zs, err := client.ZRangeWithScores(bgCtx, "tg:instances", 0, -1).Result()
+	if err != nil || len(zs) != 2 {
+		t.Fatalf("ZRANGE: %v %v", zs, err)
+	}
+	if d := time.Since(time.UnixMilli(int64(zs[0].Score))); d < -time.Second || d > time.Second {
+		t.Errorf("score %v is not now in ms", zs[0].Score)
+	}
+	if ttl := client.PTTL(bgCtx, "tg:instances").Val(); ttl <= 0 || ttl > 6*interval {
+		t.Errorf("PTTL %v, want in (0, %v]", ttl, 6*interval)
+	}
+
+	// Close removes the member at once: the other counts 1 at its next
+	// heartbeat.
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+	d := waitCount(t, a, 1, 2*interval+time.Second)
+	t.Logf("Close seen after %v", d)
+
+	// An instance that dies without Close ages out after 3 intervals.
+	c := NewRegistry(opts)
+	waitCount(t, a, 2, 2*interval+time.Second)
+	c.stop() // heartbeats stop, the member stays
+	stopped := time.Now()
+	waitCount(t, a, 1, 5*interval+time.Second)
+	aged := time.Since(stopped)
+	t.Logf("killed instance aged out after %v (3 intervals = %v)", aged, 3*interval)
+	if aged < 2*interval {
+		t.Errorf("aged out after %v, before 3 intervals", aged)
+	}
+	c.cancel() // c's resources: the goroutine is already gone
+
+	// Redis down: Count keeps the last known value, never 0.
+	srv.Kill()
+	time.Sleep(3 * interval)
+	if a.Count() != 1 {
+		t.Errorf("Count with Redis down = %d, want the last known 1", a.Count())
+	}
+	if err := a.Close(); err == nil {
+		t.Error("Close with Redis down reported no error")
+	}
+}
+
+// TestRegistryNeverZero: a fresh registry on an unreachable Redis counts 1.
+func TestRegistryNeverZero(t *testing.T) {
+	checkLeaks(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	srv.Kill()
+	r := NewRegistry(RegistryOptions{Client: client, Interval: 20 * time.Millisecond})
+	time.Sleep(100 * time.Millisecond)
+	if r.Count() != 1 || !r.LastHeartbeat().IsZero() {
+		t.Fatalf("Count %d, LastHeartbeat %v", r.Count(), r.LastHeartbeat())
+	}
+	r.Close()
+}
