@@ -106,6 +106,8 @@ type Handler struct {
 	lastStoreWarning *atomic.Int64
 	policies         []*policyRuntime
 	headerMode       headerMode
+	// metrics is nil when metrics are disabled.
+	metrics *handlerMetrics
 }
 
 // CaddyModule returns the Caddy module information.
@@ -138,9 +140,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		return errors.New("denials_stream: the denial stream is not available in this version of Tollgate yet")
 	}
-	if h.MetricsTenants > 0 {
-		return errors.New("metrics_tenants: per-tenant metrics are not available in this version of Tollgate yet")
-	}
 	if len(h.Distributed) > 0 {
 		h.logger.Warn("caddy-ratelimit's 'distributed' option is ignored: Tollgate is exact across instances with a 'redis' block")
 	}
@@ -151,6 +150,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if err := h.provisionPolicies(ctx); err != nil {
+		return err
+	}
+	if err := h.provisionMetrics(ctx); err != nil {
 		return err
 	}
 
@@ -198,6 +200,7 @@ func (h *Handler) provisionRedis() error {
 		Client:  client,
 		Prefix:  h.Redis.KeyPrefix,
 		Timeout: conn.Timeout,
+		Observe: h.redisObserver(),
 	})
 	return nil
 }
@@ -272,6 +275,7 @@ func (h *Handler) Cleanup() error {
 		_, err = embeddedStores.Delete(h.fallbackKey)
 	}
 	h.storeKey, h.redisKey, h.fallbackKey, h.store = "", "", "", nil
+	h.cleanupMetrics()
 	return err
 }
 
@@ -324,6 +328,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	d := &st.decision
+	start := h.decisionStart()
 	if h.Redis == nil {
 		if err := d.Decide(r.Context(), h.store, st.items); err != nil {
 			return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
@@ -331,6 +336,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	} else if err := d.DecideOrFallback(r.Context(), h.store, h.fallback, st.items); err != nil {
 		h.storeFailed(err)
 	}
+	h.recordDecision(st, start)
 	shown := h.report(w, r, repl, st)
 	if !d.Admitted {
 		return h.deny(w, repl, st, shown)

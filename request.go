@@ -38,6 +38,8 @@ type policyRuntime struct {
 	// Header values of the policy's own limit, rendered once.
 	ownPolicyHeader string
 	ownLimitHeader  string
+	// metrics holds the policy's metric children, resolved at Provision.
+	metrics policyMetrics
 }
 
 // requestState is the per-request scratch space, pooled so a decision

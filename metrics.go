@@ -1,0 +1,542 @@
+package tollgate
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// Tollgate's Prometheus metrics (DESIGN §8). The collectors are created
+// once per process and registered with the metrics registry of every
+// config generation (Caddy makes a new registry on each load), so values
+// continue across reloads and each family appears once on /metrics.
+
+const (
+	metricsNamespace = "caddy"
+	metricsSubsystem = "rate_limit"
+
+	// otherTenant labels the requests of every tenant outside the top n.
+	otherTenant = "_other"
+
+	// maxTenantLabel bounds tenant label values, in bytes.
+	maxTenantLabel = 64
+)
+
+// decision is the decision label of caddy_rate_limit_requests_total.
+type decision uint8
+
+const (
+	decisionAllowed decision = iota
+	decisionDenied
+	decisionShadowDenied
+	decisionFailedOpen
+	decisionFailedClosed
+	decisionFallbackAllowed
+	decisionFallbackDenied
+	numDecisions
+)
+
+var decisionNames = [numDecisions]string{
+	decisionAllowed:         "allowed",
+	decisionDenied:          "denied",
+	decisionShadowDenied:    "shadow_denied",
+	decisionFailedOpen:      "failed_open",
+	decisionFailedClosed:    "failed_closed",
+	decisionFallbackAllowed: "fallback_allowed",
+	decisionFallbackDenied:  "fallback_denied",
+}
+
+// source is the source label of caddy_rate_limit_decision_duration_seconds.
+type source uint8
+
+const (
+	sourceMemory source = iota
+	sourceRedis
+	sourceLease
+	sourceCache
+	sourceFallback
+	numSources
+)
+
+var sourceNames = [numSources]string{
+	sourceMemory:   "memory",
+	sourceRedis:    "redis",
+	sourceLease:    "lease",
+	sourceCache:    "cache",
+	sourceFallback: "fallback",
+}
+
+// Events of caddy_rate_limit_lease_units_total.
+const (
+	leaseAcquired = "acquired"
+	leaseSpent    = "spent"
+	leaseReturned = "returned"
+	leaseExpired  = "expired"
+)
+
+// latencyBuckets spans 10µs (a local decision) to 1s (a Redis call far
+// past any sane timeout).
+var latencyBuckets = []float64{
+	10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
+	1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1,
+}
+
+// metricInfo describes one exported family, for tests and the dashboard
+// check: its type and label names.
+type metricInfo struct {
+	kind   string
+	labels []string
+}
+
+// metricCatalog maps the fully qualified name of every family Tollgate
+// exports to its description. The collector constructors below fill it.
+var metricCatalog = map[string]metricInfo{}
+
+func catalog(name, kind string, labels []string) {
+	metricCatalog[prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name)] = metricInfo{kind, labels}
+}
+
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	catalog(name, "counter", labels)
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
+	}, labels)
+}
+
+func newHistogramVec(name, help string, labels ...string) *prometheus.HistogramVec {
+	catalog(name, "histogram", labels)
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
+		Buckets: latencyBuckets,
+	}, labels)
+}
+
+func newGauge(name, help string) prometheus.Gauge {
+	catalog(name, "gauge", nil)
+	return prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
+	})
+}
+
+// collectors are the process-wide collectors.
+var collectors = struct {
+	requests       *prometheus.CounterVec
+	duration       *prometheus.HistogramVec
+	redisCalls     *prometheus.CounterVec
+	redisDuration  *prometheus.HistogramVec
+	leaseUnits     *prometheus.CounterVec
+	breakerOpen    prometheus.Gauge
+	tenantRequests *prometheus.CounterVec
+}{
+	requests: newCounterVec("requests_total",
+		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
+		"policy", "decision"),
+	duration: newHistogramVec("decision_duration_seconds",
+		"Time taken to decide a request, by policy and by where the decision was taken.",
+		"policy", "source"),
+	redisCalls: newCounterVec("redis_calls_total",
+		"Redis script round trips, by script and outcome.",
+		"script", "result"),
+	redisDuration: newHistogramVec("redis_duration_seconds",
+		"Duration of Redis script round trips, by script.",
+		"script"),
+	leaseUnits: newCounterVec("lease_units_total",
+		"Units of leased quota, by policy and lease event.",
+		"policy", "event"),
+	breakerOpen: newGauge("breaker_open",
+		"1 while the Redis circuit breaker is open, else 0."),
+	tenantRequests: newCounterVec("tenant_requests_total",
+		"Rate-limit decisions of the busiest tenants (metrics_tenants); every other tenant is counted as _other.",
+		"policy", "tenant", "decision"),
+}
+
+func allCollectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		collectors.requests, collectors.duration, collectors.redisCalls,
+		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
+		collectors.tenantRequests,
+	}
+}
+
+// registerMetrics registers the collectors with reg. Registering with a
+// registry that already has them (another handler of the same config) is
+// not an error.
+func registerMetrics(reg prometheus.Registerer) error {
+	for _, c := range allCollectors() {
+		err := reg.Register(c)
+		var already prometheus.AlreadyRegisteredError
+		if err == nil || (errors.As(err, &already) && already.ExistingCollector == c) {
+			continue
+		}
+		return fmt.Errorf("registering rate limit metrics: %v", err)
+	}
+	return nil
+}
+
+// setBreakerOpen sets caddy_rate_limit_breaker_open, for the breaker's
+// state-change callback.
+func setBreakerOpen(open bool) {
+	if open {
+		collectors.breakerOpen.Set(1)
+	} else {
+		collectors.breakerOpen.Set(0)
+	}
+}
+
+// addLeaseUnits counts n units of a lease event (leaseAcquired, ...).
+func addLeaseUnits(policy, event string, n int64) {
+	if n > 0 {
+		collectors.leaseUnits.WithLabelValues(policy, event).Add(float64(n))
+	}
+}
+
+// handlerMetrics is a handler's metrics state; nil when disable_metrics.
+type handlerMetrics struct {
+	redis      bool
+	tenants    *tenantTracker
+	tenantsKey string
+}
+
+// policyMetrics holds a policy's label children, resolved at Provision so
+// recording a decision is an atomic add. A nil child is one the policy is
+// not expected to produce; it is then resolved when used.
+type policyMetrics struct {
+	index    int // in the handler's policies, and its tenant tracker's
+	requests [numDecisions]prometheus.Counter
+	duration [numSources]prometheus.Observer
+}
+
+func (pm *policyMetrics) init(index int, p *limiter.Policy, redis bool) {
+	pm.index = index
+	name := p.Name
+	for _, d := range []decision{decisionAllowed, decisionDenied, decisionShadowDenied} {
+		pm.requests[d] = collectors.requests.WithLabelValues(name, decisionNames[d])
+	}
+	if !redis {
+		pm.duration[sourceMemory] = collectors.duration.WithLabelValues(name, sourceNames[sourceMemory])
+		return
+	}
+	pm.duration[sourceRedis] = collectors.duration.WithLabelValues(name, sourceNames[sourceRedis])
+	switch p.FailMode {
+	case limiter.FailOpen:
+		pm.requests[decisionFailedOpen] = collectors.requests.WithLabelValues(name, decisionNames[decisionFailedOpen])
+	case limiter.FailClosed:
+		pm.requests[decisionFailedClosed] = collectors.requests.WithLabelValues(name, decisionNames[decisionFailedClosed])
+	default:
+		pm.requests[decisionFallbackAllowed] = collectors.requests.WithLabelValues(name, decisionNames[decisionFallbackAllowed])
+		pm.requests[decisionFallbackDenied] = collectors.requests.WithLabelValues(name, decisionNames[decisionFallbackDenied])
+		pm.duration[sourceFallback] = collectors.duration.WithLabelValues(name, sourceNames[sourceFallback])
+	}
+}
+
+func (pm *policyMetrics) record(policy string, d decision, s source, secs float64) {
+	if c := pm.requests[d]; c != nil {
+		c.Inc()
+	} else {
+		collectors.requests.WithLabelValues(policy, decisionNames[d]).Inc()
+	}
+	if o := pm.duration[s]; o != nil {
+		o.Observe(secs)
+	} else {
+		collectors.duration.WithLabelValues(policy, sourceNames[s]).Observe(secs)
+	}
+}
+
+// classify maps a counted verdict to its decision and source labels.
+func classify(v *limiter.Verdict, redis bool) (decision, source) {
+	switch v.Path {
+	case limiter.PathFailedOpen:
+		return decisionFailedOpen, sourceRedis
+	case limiter.PathFailedClosed:
+		return decisionFailedClosed, sourceRedis
+	case limiter.PathFallback:
+		if v.Result.Allowed {
+			return decisionFallbackAllowed, sourceFallback
+		}
+		return decisionFallbackDenied, sourceFallback
+	}
+	s := sourceMemory
+	if redis {
+		s = sourceRedis
+	}
+	switch {
+	case v.Result.Allowed:
+		return decisionAllowed, s
+	case v.Limit.Shadow:
+		return decisionShadowDenied, s
+	}
+	return decisionDenied, s
+}
+
+// provisionMetrics registers the collectors and resolves the policies'
+// label children. Call it after provisionPolicies.
+func (h *Handler) provisionMetrics(ctx caddy.Context) error {
+	if h.DisableMetrics {
+		return nil
+	}
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := registerMetrics(reg); err != nil {
+			return err
+		}
+	}
+	m := &handlerMetrics{redis: h.Redis != nil}
+	names := make([]string, len(h.policies))
+	for i, p := range h.policies {
+		p.metrics.init(i, p.policy, m.redis)
+		names[i] = p.policy.Name
+	}
+	if h.MetricsTenants > 0 {
+		tt, key, err := loadTenantTracker(h.MetricsTenants, names)
+		if err != nil {
+			return err
+		}
+		m.tenants, m.tenantsKey = tt, key
+	}
+	h.metrics = m
+	return nil
+}
+
+// cleanupMetrics lets go of the handler's tenant tracker.
+func (h *Handler) cleanupMetrics() {
+	if h.metrics != nil && h.metrics.tenantsKey != "" {
+		_, _ = tenantTrackers.Delete(h.metrics.tenantsKey)
+		h.metrics.tenantsKey = ""
+	}
+}
+
+// decisionStart is the start time of a decision, or the zero time when
+// the handler records no metrics (sparing the clock read).
+func (h *Handler) decisionStart() time.Time {
+	if h.metrics == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// recordDecision counts each counted verdict of the request's decision
+// and observes the decision's duration.
+func (h *Handler) recordDecision(st *requestState, start time.Time) {
+	m := h.metrics
+	if m == nil {
+		return
+	}
+	secs := time.Since(start).Seconds()
+	d := &st.decision
+	for i := range d.Verdicts {
+		v := &d.Verdicts[i]
+		if !v.Counted() {
+			continue
+		}
+		p := st.policies[i]
+		dec, src := classify(v, m.redis)
+		p.metrics.record(p.policy.Name, dec, src, secs)
+		if m.tenants != nil {
+			m.tenants.counter(p.metrics.index, st.items[i].Tenant, dec).Inc()
+		}
+	}
+}
+
+// redisObserver returns the RedisOptions.Observe hook, nil without
+// metrics.
+func (h *Handler) redisObserver() func(script, result string, d time.Duration) {
+	if h.metrics == nil {
+		return nil
+	}
+	return observeRedis
+}
+
+// The scripts and results the Redis store reports, so their label
+// children are resolved once; anything else is resolved per call.
+var (
+	redisScripts = [...]string{"decide", "peek", "dry", "force", "refund", "release"}
+	redisResults = [...]string{"ok", "error", "timeout", "noscript"}
+
+	redisChildrenOnce sync.Once
+	redisCallChildren [len(redisScripts)][len(redisResults)]prometheus.Counter
+	redisDurChildren  [len(redisScripts)]prometheus.Observer
+)
+
+func indexOf(list []string, s string) int {
+	for i, v := range list {
+		if v == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// observeRedis records one Redis round trip.
+func observeRedis(script, result string, d time.Duration) {
+	redisChildrenOnce.Do(func() {
+		for i, s := range redisScripts {
+			redisDurChildren[i] = collectors.redisDuration.WithLabelValues(s)
+			for j, r := range redisResults {
+				redisCallChildren[i][j] = collectors.redisCalls.WithLabelValues(s, r)
+			}
+		}
+	})
+	si, ri := indexOf(redisScripts[:], script), indexOf(redisResults[:], result)
+	if si < 0 || ri < 0 {
+		collectors.redisCalls.WithLabelValues(script, result).Inc()
+		collectors.redisDuration.WithLabelValues(script).Observe(d.Seconds())
+		return
+	}
+	redisCallChildren[si][ri].Inc()
+	redisDurChildren[si].Observe(d.Seconds())
+}
+
+// tenantLabel makes a tenant a label value: valid UTF-8, at most
+// maxTenantLabel bytes, cut at a character boundary.
+func tenantLabel(s string) string {
+	if len(s) <= maxTenantLabel && utf8.ValidString(s) {
+		return s
+	}
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if len(s) <= maxTenantLabel {
+		return s
+	}
+	i := maxTenantLabel
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i]
+}
+
+// tenantTrackers holds one tracker per (n, policy names): the handlers of
+// one config generation and the next share it, so tenant series continue
+// across reloads, and series are deleted when the last user goes.
+var tenantTrackers = caddy.NewUsagePool()
+
+// tenantTracker gives per-tenant series to the n busiest tenants of its
+// policies and counts every other tenant as _other. A tenant that drops
+// out of the top n loses its series.
+type tenantTracker struct {
+	policies []string
+	top      *topK[tenantSeries]
+	// other holds the _other children per policy, resolved on first use;
+	// guarded by top's lock.
+	other [][numDecisions]prometheus.Counter
+}
+
+// tenantSeries are a member tenant's children, per policy and decision,
+// resolved on first use; guarded by the top-k's lock.
+type tenantSeries struct {
+	counters [][numDecisions]prometheus.Counter
+}
+
+func loadTenantTracker(n int, policies []string) (*tenantTracker, string, error) {
+	key := "tenants/n=" + strconv.Itoa(n) + "/policies=" + strings.Join(policies, ",")
+	v, _, err := tenantTrackers.LoadOrNew(key, func() (caddy.Destructor, error) {
+		return newTenantTracker(n, policies), nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(*tenantTracker), key, nil
+}
+
+func newTenantTracker(n int, policies []string) *tenantTracker {
+	t := &tenantTracker{
+		policies: append([]string(nil), policies...),
+		other:    make([][numDecisions]prometheus.Counter, len(policies)),
+	}
+	t.top = newTopK(n, 4*n+128, t.release)
+	return t
+}
+
+// counter returns the child a decision of tenant in policy (by index) is
+// counted in, and counts the tenant's traffic towards the top n.
+func (t *tenantTracker) counter(policy int, tenant string, d decision) prometheus.Counter {
+	var c prometheus.Counter
+	t.top.observe(tenantLabel(tenant), func(key string, s *tenantSeries) {
+		if s == nil {
+			cell := &t.other[policy][d]
+			if *cell == nil {
+				*cell = acquireTenantCounter(t.policies[policy], otherTenant, d)
+			}
+			c = *cell
+			return
+		}
+		if s.counters == nil {
+			s.counters = make([][numDecisions]prometheus.Counter, len(t.policies))
+		}
+		cell := &s.counters[policy][d]
+		if *cell == nil {
+			*cell = acquireTenantCounter(t.policies[policy], key, d)
+		}
+		c = *cell
+	})
+	return c
+}
+
+// release deletes the series of a tenant that left the top n; it runs
+// under the top-k's lock.
+func (t *tenantTracker) release(tenant string, s *tenantSeries) {
+	for p := range s.counters {
+		for d := range s.counters[p] {
+			if s.counters[p][d] != nil {
+				releaseTenantCounter(t.policies[p], tenant, decision(d))
+			}
+		}
+	}
+	s.counters = nil
+}
+
+// Destruct implements caddy.Destructor: the last handler is gone, its
+// tenant series go too.
+func (t *tenantTracker) Destruct() error {
+	t.top.reset()
+	t.top.mu.Lock()
+	defer t.top.mu.Unlock()
+	for p := range t.other {
+		for d := range t.other[p] {
+			if t.other[p][d] != nil {
+				releaseTenantCounter(t.policies[p], otherTenant, decision(d))
+				t.other[p][d] = nil
+			}
+		}
+	}
+	return nil
+}
+
+// tenantSeriesRefs counts the trackers using each tenant series: trackers
+// whose policy names overlap share series, and one must not delete what
+// another still counts in.
+var tenantSeriesRefs = struct {
+	sync.Mutex
+	n map[tenantSeriesKey]int
+}{n: make(map[tenantSeriesKey]int)}
+
+type tenantSeriesKey struct {
+	policy, tenant string
+	decision       decision
+}
+
+func acquireTenantCounter(policy, tenant string, d decision) prometheus.Counter {
+	tenantSeriesRefs.Lock()
+	defer tenantSeriesRefs.Unlock()
+	tenantSeriesRefs.n[tenantSeriesKey{policy, tenant, d}]++
+	return collectors.tenantRequests.WithLabelValues(policy, tenant, decisionNames[d])
+}
+
+func releaseTenantCounter(policy, tenant string, d decision) {
+	tenantSeriesRefs.Lock()
+	defer tenantSeriesRefs.Unlock()
+	k := tenantSeriesKey{policy, tenant, d}
+	if tenantSeriesRefs.n[k]--; tenantSeriesRefs.n[k] > 0 {
+		return
+	}
+	delete(tenantSeriesRefs.n, k)
+	collectors.tenantRequests.DeleteLabelValues(policy, tenant, decisionNames[d])
+}

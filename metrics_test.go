@@ -1,0 +1,735 @@
+package tollgate
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// The metric families of DESIGN §8: names, types and labels are a
+// contract.
+func TestMetricCatalogIsTheDesign(t *testing.T) {
+	want := map[string]metricInfo{
+		"caddy_rate_limit_requests_total":            {"counter", []string{"policy", "decision"}},
+		"caddy_rate_limit_decision_duration_seconds": {"histogram", []string{"policy", "source"}},
+		"caddy_rate_limit_redis_calls_total":         {"counter", []string{"script", "result"}},
+		"caddy_rate_limit_redis_duration_seconds":    {"histogram", []string{"script"}},
+		"caddy_rate_limit_lease_units_total":         {"counter", []string{"policy", "event"}},
+		"caddy_rate_limit_breaker_open":              {"gauge", nil},
+		"caddy_rate_limit_tenant_requests_total":     {"counter", []string{"policy", "tenant", "decision"}},
+	}
+	if !reflect.DeepEqual(metricCatalog, want) {
+		t.Errorf("metric catalog:\n got %v\nwant %v", metricCatalog, want)
+	}
+	// The catalog describes the collectors that are actually exported.
+	var descs []string
+	for _, c := range allCollectors() {
+		ch := make(chan *prometheus.Desc, 4)
+		c.Describe(ch)
+		close(ch)
+		for d := range ch {
+			descs = append(descs, d.String())
+		}
+	}
+	if len(descs) != len(want) {
+		t.Errorf("%d descriptors, want %d", len(descs), len(want))
+	}
+	for name := range want {
+		if !slices.ContainsFunc(descs, func(d string) bool { return strings.Contains(d, fmt.Sprintf("fqName: %q", name)) }) {
+			t.Errorf("no collector exports %s", name)
+		}
+	}
+	wantDecisions := []string{"allowed", "denied", "shadow_denied", "failed_open", "failed_closed", "fallback_allowed", "fallback_denied"}
+	if !slices.Equal(decisionNames[:], wantDecisions) {
+		t.Errorf("decisions %v, want %v", decisionNames, wantDecisions)
+	}
+	wantSources := []string{"memory", "redis", "lease", "cache", "fallback"}
+	if !slices.Equal(slices.Sorted(slices.Values(sourceNames[:])), slices.Sorted(slices.Values(wantSources))) {
+		t.Errorf("sources %v, want %v", sourceNames, wantSources)
+	}
+}
+
+// scrape is one parsed /metrics answer.
+type scrape struct {
+	t        testing.TB
+	text     string
+	families map[string]*dto.MetricFamily
+}
+
+// scrapeMetrics GETs url and parses the text exposition.
+func scrapeMetrics(t testing.TB, url string) *scrape {
+	t.Helper()
+	res, err := testClient.Get(url)
+	if err != nil {
+		t.Fatalf("scraping %s: %v", url, err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("scraping %s: status %d\n%s", url, res.StatusCode, body)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("parsing %s: %v\n%s", url, err, body)
+	}
+	return &scrape{t: t, text: string(body), families: fams}
+}
+
+// value returns the sample of family name with exactly the given labels
+// ("k", "v", ...): a counter's or gauge's value, a histogram's count; 0
+// when there is no such series.
+func (s *scrape) value(name string, labelPairs ...string) float64 {
+	s.t.Helper()
+	m := s.metric(name, labelPairs...)
+	switch {
+	case m == nil:
+		return 0
+	case m.Counter != nil:
+		return m.Counter.GetValue()
+	case m.Gauge != nil:
+		return m.Gauge.GetValue()
+	case m.Histogram != nil:
+		return float64(m.Histogram.GetSampleCount())
+	}
+	s.t.Fatalf("%s: unexpected metric type", name)
+	return 0
+}
+
+func (s *scrape) metric(name string, labelPairs ...string) *dto.Metric {
+	fam := s.families[name]
+	if fam == nil {
+		return nil
+	}
+	want := map[string]string{}
+	for i := 0; i+1 < len(labelPairs); i += 2 {
+		want[labelPairs[i]] = labelPairs[i+1]
+	}
+	for _, m := range fam.Metric {
+		got := map[string]string{}
+		for _, lp := range m.Label {
+			got[lp.GetName()] = lp.GetValue()
+		}
+		if reflect.DeepEqual(got, want) {
+			return m
+		}
+	}
+	return nil
+}
+
+// delta is value minus before's value: counters are process-wide, so
+// tests that may run more than once (-count) compare against a scrape
+// taken before their traffic.
+func (s *scrape) delta(before *scrape, name string, labelPairs ...string) float64 {
+	s.t.Helper()
+	return s.value(name, labelPairs...) - before.value(name, labelPairs...)
+}
+
+// labelValues lists the values of label in family name's series that
+// have the label pairs given.
+func (s *scrape) labelValues(name, label string, labelPairs ...string) []string {
+	var out []string
+	fam := s.families[name]
+	if fam == nil {
+		return nil
+	}
+	for _, m := range fam.Metric {
+		got := map[string]string{}
+		for _, lp := range m.Label {
+			got[lp.GetName()] = lp.GetValue()
+		}
+		match := true
+		for i := 0; i+1 < len(labelPairs); i += 2 {
+			match = match && got[labelPairs[i]] == labelPairs[i+1]
+		}
+		if match && !slices.Contains(out, got[label]) {
+			out = append(out, got[label])
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkFamiliesOnce fails unless every Tollgate family that has series
+// appears exactly once, and the always-present gauge is there.
+func (s *scrape) checkFamiliesOnce() {
+	s.t.Helper()
+	for name := range metricCatalog {
+		n := strings.Count(s.text, "# TYPE "+name+" ")
+		if n > 1 {
+			s.t.Errorf("family %s appears %d times", name, n)
+		}
+	}
+	if !strings.Contains(s.text, "# TYPE caddy_rate_limit_breaker_open gauge") {
+		s.t.Error("caddy_rate_limit_breaker_open is not exported")
+	}
+	if strings.Count(s.text, "# TYPE caddy_rate_limit_requests_total counter") != 1 {
+		s.t.Errorf("caddy_rate_limit_requests_total appears %d times", strings.Count(s.text, "# TYPE caddy_rate_limit_requests_total counter"))
+	}
+}
+
+// metricsSite serves /metrics with Caddy's metrics handler and rate
+// limits everything else with the rate_limit block body.
+func metricsSite(body string) string {
+	return `
+	handle /metrics {
+		metrics
+	}
+	handle {
+		rate_limit {
+` + strings.Trim(body, "\n") + `
+		}
+		respond "ok"
+	}`
+}
+
+const embeddedMetricsBody = `
+			tenant {http.request.header.X-Tenant}
+			policy mt_enforced {
+				match {
+					path /a*
+				}
+				limit 2
+				window 1h
+			}
+			policy mt_shadow {
+				match {
+					path /s*
+				}
+				limit 1
+				window 1h
+				shadow
+			}
+			policy mt_free {
+				match {
+					path /f*
+				}
+				limit 5
+				window 1h
+				override vip unlimited
+			}`
+
+// TestMetricsEndToEnd: allowed, denied and shadow decisions are counted
+// exactly and exported on a metrics route; two reloads keep one family
+// each and the counts continue.
+func TestMetricsEndToEnd(t *testing.T) {
+	s := startCaddy(t, "", metricsSite(embeddedMetricsBody), nil)
+	before := scrapeMetrics(t, s.base+"/metrics")
+	if c := s.statuses(5, "/a", "X-Tenant", "acme"); c[200] != 2 || c[429] != 3 {
+		t.Fatalf("enforced: %v", c)
+	}
+	if c := s.statuses(3, "/s", "X-Tenant", "acme"); c[200] != 3 {
+		t.Fatalf("shadow: %v", c)
+	}
+	// Unlimited requests are not counted.
+	if c := s.statuses(4, "/f", "X-Tenant", "vip"); c[200] != 4 {
+		t.Fatalf("unlimited: %v", c)
+	}
+	const req, dur = "caddy_rate_limit_requests_total", "caddy_rate_limit_decision_duration_seconds"
+	check := func(m *scrape, enforcedAllowed, enforcedDenied float64) {
+		t.Helper()
+		m.checkFamiliesOnce()
+		want := []struct {
+			name   string
+			labels []string
+			v      float64
+		}{
+			{req, []string{"policy", "mt_enforced", "decision", "allowed"}, enforcedAllowed},
+			{req, []string{"policy", "mt_enforced", "decision", "denied"}, enforcedDenied},
+			{req, []string{"policy", "mt_enforced", "decision", "shadow_denied"}, 0},
+			{req, []string{"policy", "mt_shadow", "decision", "allowed"}, 1},
+			{req, []string{"policy", "mt_shadow", "decision", "shadow_denied"}, 2},
+			{req, []string{"policy", "mt_shadow", "decision", "denied"}, 0},
+			{req, []string{"policy", "mt_free", "decision", "allowed"}, 0},
+			{dur, []string{"policy", "mt_enforced", "source", "memory"}, enforcedAllowed + enforcedDenied},
+			{dur, []string{"policy", "mt_shadow", "source", "memory"}, 3},
+			{"caddy_rate_limit_breaker_open", nil, 0},
+		}
+		for _, w := range want {
+			if got := m.delta(before, w.name, w.labels...); got != w.v {
+				t.Errorf("%s%v = %v, want %v", w.name, w.labels, got, w.v)
+			}
+		}
+		// An embedded store has no Redis, fail mode or tenant series.
+		if got := m.labelValues(req, "decision", "policy", "mt_enforced"); !slices.Equal(got, []string{"allowed", "denied", "shadow_denied"}) {
+			t.Errorf("mt_enforced decisions exported: %v", got)
+		}
+		if got := m.labelValues(dur, "source", "policy", "mt_enforced"); !slices.Equal(got, []string{"memory"}) {
+			t.Errorf("mt_enforced sources exported: %v", got)
+		}
+		if got := m.labelValues("caddy_rate_limit_tenant_requests_total", "tenant", "policy", "mt_enforced"); got != nil {
+			t.Errorf("tenant series without metrics_tenants: %v", got)
+		}
+		// Durations are plausible: every decision under a second.
+		if m := m.metric(dur, "policy", "mt_enforced", "source", "memory"); m != nil {
+			h := m.Histogram
+			for _, b := range h.Bucket {
+				if b.GetUpperBound() == 1 && b.GetCumulativeCount() != h.GetSampleCount() {
+					t.Errorf("the 1s bucket holds %d of %d", b.GetCumulativeCount(), h.GetSampleCount())
+				}
+			}
+			if first := h.Bucket[0].GetUpperBound(); first != 10e-6 {
+				t.Errorf("smallest bucket %v, want 10µs", first)
+			}
+		}
+	}
+	check(scrapeMetrics(t, s.base+"/metrics"), 2, 3)
+
+	for range 2 {
+		s.load("", metricsSite(embeddedMetricsBody), nil)
+		check(scrapeMetrics(t, s.base+"/metrics"), 2, 3)
+	}
+	if c := s.statuses(1, "/a", "X-Tenant", "acme"); c[429] != 1 {
+		t.Fatalf("after reloads: %v (buckets survive reloads)", c)
+	}
+	if c := s.statuses(1, "/a", "X-Tenant", "other"); c[200] != 1 {
+		t.Fatalf("after reloads, new tenant: %v", c)
+	}
+	check(scrapeMetrics(t, s.base+"/metrics"), 3, 4)
+}
+
+// TestMetricsOnAdminEndpoint: the families are on Caddy's admin /metrics
+// too (the same registry).
+func TestMetricsOnAdminEndpoint(t *testing.T) {
+	adminPort := freePort(t)
+	withAdmin := func(cfg map[string]any) {
+		cfg["admin"] = map[string]any{"listen": fmt.Sprintf("127.0.0.1:%d", adminPort)}
+	}
+	site := metricsSite(`
+			policy mt_admin {
+				limit 1
+				window 1h
+			}`)
+	s := startCaddy(t, "", site, withAdmin)
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort)
+	before := scrapeMetrics(t, url)
+	if c := s.statuses(3, "/x"); c[200] != 1 || c[429] != 2 {
+		t.Fatalf("%v", c)
+	}
+	for i := range 3 {
+		m := scrapeMetrics(t, url)
+		m.checkFamiliesOnce()
+		if a, d := m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_admin", "decision", "allowed"),
+			m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_admin", "decision", "denied"); a != 1 || d != 2 {
+			t.Errorf("scrape %d: allowed %v denied %v, want 1 and 2", i, a, d)
+		}
+		s.load("", site, withAdmin)
+	}
+}
+
+// TestMetricsDisabled: disable_metrics records nothing.
+func TestMetricsDisabled(t *testing.T) {
+	s := startCaddy(t, "", metricsSite(`
+			disable_metrics
+			policy mt_disabled {
+				limit 1
+				window 1h
+			}`), nil)
+	if c := s.statuses(3, "/x"); c[200] != 1 || c[429] != 2 {
+		t.Fatalf("%v", c)
+	}
+	m := scrapeMetrics(t, s.base+"/metrics")
+	if got := m.labelValues("caddy_rate_limit_requests_total", "decision", "policy", "mt_disabled"); got != nil {
+		t.Errorf("disable_metrics: decisions recorded: %v", got)
+	}
+	if got := m.labelValues("caddy_rate_limit_decision_duration_seconds", "source", "policy", "mt_disabled"); got != nil {
+		t.Errorf("disable_metrics: durations recorded: %v", got)
+	}
+}
+
+// TestMetricsTenants: the top n tenants get their own series, the rest
+// are _other, and the series continue across reloads.
+func TestMetricsTenants(t *testing.T) {
+	site := metricsSite(`
+			tenant {http.request.header.X-Tenant}
+			metrics_tenants 2
+			policy mt_tenants {
+				limit 4
+				window 1h
+			}`)
+	s := startCaddy(t, "", site, nil)
+	before := scrapeMetrics(t, s.base+"/metrics")
+	send := func(tenant string, n int) {
+		t.Helper()
+		s.statuses(n, "/", "X-Tenant", tenant)
+	}
+	send("alpha", 6) // 4 allowed, 2 denied
+	send("beta", 3)
+	send("gamma", 1)
+	send("delta", 5) // 4 allowed, 1 denied
+	const name = "caddy_rate_limit_tenant_requests_total"
+	check := func(m *scrape) {
+		t.Helper()
+		m.checkFamiliesOnce()
+		if got := m.labelValues(name, "tenant", "policy", "mt_tenants"); !slices.Equal(got, []string{"_other", "alpha", "beta"}) {
+			t.Errorf("tenants %v, want [_other alpha beta]", got)
+		}
+		for _, w := range []struct {
+			tenant, decision string
+			v                float64
+		}{
+			{"alpha", "allowed", 4}, {"alpha", "denied", 2},
+			{"beta", "allowed", 3}, {"beta", "denied", 0},
+			{"_other", "allowed", 5}, {"_other", "denied", 1},
+		} {
+			if got := m.value(name, "policy", "mt_tenants", "tenant", w.tenant, "decision", w.decision); got != w.v {
+				t.Errorf("%s %s = %v, want %v", w.tenant, w.decision, got, w.v)
+			}
+		}
+		if got := m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_tenants", "decision", "allowed"); got != 12 {
+			t.Errorf("requests allowed %v, want 12", got)
+		}
+	}
+	check(scrapeMetrics(t, s.base+"/metrics"))
+	for range 2 {
+		s.load("", site, nil)
+		check(scrapeMetrics(t, s.base+"/metrics"))
+	}
+	// A long tenant is cut to 64 bytes, and hostile bytes stay valid.
+	s.load("", metricsSite(`
+			tenant {http.request.header.X-Tenant}
+			metrics_tenants 3
+			policy mt_tenants_long {
+				limit 4
+				window 1h
+			}`), nil)
+	long := strings.Repeat("é", 40) // 80 bytes
+	send(long, 1)
+	m := scrapeMetrics(t, s.base+"/metrics")
+	got := m.labelValues(name, "tenant", "policy", "mt_tenants_long")
+	if want := strings.Repeat("é", 32); !slices.Equal(got, []string{want}) {
+		t.Errorf("long tenant label %q, want %q", got, want)
+	}
+	// The previous config's tenant series went with it.
+	if got := m.labelValues(name, "tenant", "policy", "mt_tenants"); got != nil {
+		t.Errorf("series of an unloaded config remain: %v", got)
+	}
+}
+
+// TestMetricsRedis: every request is one decide script call, counted
+// with its duration, and a Redis failure is counted by fail mode.
+func TestMetricsRedis(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	site := metricsSite(fmt.Sprintf(`
+			redis {
+				address %s
+			}
+			tenant {http.request.header.X-Tenant}
+			policy mt_redis {
+				limit 3
+				window 1h
+				fail closed
+			}
+			policy mt_redis_local {
+				match {
+					path /local*
+				}
+				limit 3
+				window 1h
+			}`, srv.Addr))
+	s := startCaddy(t, "", site, nil)
+	const calls, rdur = "caddy_rate_limit_redis_calls_total", "caddy_rate_limit_redis_duration_seconds"
+	before := scrapeMetrics(t, s.base+"/metrics")
+	decideOK := func(m *scrape) float64 { return m.value(calls, "script", "decide", "result", "ok") }
+	decideDur := func(m *scrape) float64 { return m.value(rdur, "script", "decide") }
+
+	if c := s.statuses(7, "/", "X-Tenant", "acme"); c[200] != 3 || c[429] != 4 {
+		t.Fatalf("%v", c)
+	}
+	m := scrapeMetrics(t, s.base+"/metrics")
+	m.checkFamiliesOnce()
+	if got := decideOK(m) - decideOK(before); got != 7 {
+		t.Errorf("decide ok calls: %v, want 7 (one per request)", got)
+	}
+	// A fresh server does not know the script yet: one NOSCRIPT round
+	// trip, then EVAL. Every round trip has its duration.
+	noscript := m.delta(before, calls, "script", "decide", "result", "noscript")
+	if got := decideDur(m) - decideDur(before); got != 7+noscript {
+		t.Errorf("decide durations: %v, want %v", got, 7+noscript)
+	}
+	for _, w := range []struct {
+		name   string
+		labels []string
+		v      float64
+	}{
+		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "decision", "allowed"}, 3},
+		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "decision", "denied"}, 4},
+		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "decision", "failed_closed"}, 0},
+		{"caddy_rate_limit_decision_duration_seconds", []string{"policy", "mt_redis", "source", "redis"}, 7},
+	} {
+		if got := m.delta(before, w.name, w.labels...); got != w.v {
+			t.Errorf("%s%v = %v, want %v", w.name, w.labels, got, w.v)
+		}
+	}
+
+	// Reloads: the counts continue, one family each.
+	for range 2 {
+		s.load("", site, nil)
+	}
+	if c := s.statuses(1, "/", "X-Tenant", "other"); c[200] != 1 {
+		t.Fatalf("after reloads: %v", c)
+	}
+	m2 := scrapeMetrics(t, s.base+"/metrics")
+	m2.checkFamiliesOnce()
+	if got := decideOK(m2) - decideOK(before); got != 8 {
+		t.Errorf("decide ok calls after reloads: %v, want 8", got)
+	}
+
+	// Redis gone: fail closed and fallback decisions, failed calls.
+	srv.Kill()
+	if c := s.statuses(2, "/", "X-Tenant", "acme"); c[429] != 2 {
+		t.Fatalf("redis down, fail closed: %v", c)
+	}
+	if c := s.statuses(2, "/local", "X-Tenant", "acme"); c[429] != 2 {
+		t.Fatalf("redis down, /local: %v (mt_redis still fails closed)", c)
+	}
+	m3 := scrapeMetrics(t, s.base+"/metrics")
+	if got := m3.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_redis", "decision", "failed_closed"); got != 4 {
+		t.Errorf("failed_closed = %v, want 4", got)
+	}
+	if got := m3.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_redis_local", "decision", "fallback_allowed"); got != 2 {
+		t.Errorf("fallback_allowed = %v, want 2", got)
+	}
+	if got := m3.delta(before, "caddy_rate_limit_decision_duration_seconds", "policy", "mt_redis_local", "source", "fallback"); got != 2 {
+		t.Errorf("fallback durations = %v, want 2", got)
+	}
+	failed := 0.0
+	for _, r := range []string{"error", "timeout"} {
+		failed += m3.delta(m, calls, "script", "decide", "result", r)
+	}
+	// One failed round trip per request (fewer once a breaker skips them).
+	if failed < 1 || failed > 4 {
+		t.Errorf("failed decide calls: %v, want 1 to 4", failed)
+	}
+}
+
+// decidedState decides one request of tenant in h's policy name on h's
+// store, as ServeHTTP would.
+func decidedState(tb testing.TB, h *Handler, policy, tenant string) *requestState {
+	tb.Helper()
+	st := new(requestState)
+	for _, p := range h.policies {
+		if p.policy.Name == policy {
+			st.items = append(st.items, limiter.Item{Policy: p.policy, Tenant: tenant, Cost: 1})
+			st.policies = append(st.policies, p)
+		}
+	}
+	if err := st.decision.Decide(context.Background(), h.store, st.items); err != nil {
+		tb.Fatal(err)
+	}
+	return st
+}
+
+const allocPolicies = `"rate_limits":{
+	"alloc_allow":{"max_events":1000000000,"window":3600000000000},
+	"alloc_deny":{"max_events":1,"window":3600000000000},
+	"alloc_shadow":{"max_events":1,"window":3600000000000,"shadow":true}}`
+
+// TestRecordingAllocatesNothing: recording allowed, denied and shadow
+// decisions, with and without per-tenant series, allocates nothing, and
+// a whole request allocates no more with metrics than without.
+func TestRecordingAllocatesNothing(t *testing.T) {
+	for _, tenants := range []int{0, 5} {
+		h := provisionHandler(t, fmt.Sprintf(`{"metrics_tenants":%d,%s}`, tenants, allocPolicies))
+		for _, tc := range []struct{ policy, tenant string }{
+			{"alloc_allow", "acme"}, {"alloc_deny", "acme"}, {"alloc_shadow", "acme"},
+		} {
+			decidedState(t, h, tc.policy, tc.tenant) // use up the quota
+			st := decidedState(t, h, tc.policy, tc.tenant)
+			start := time.Now()
+			if n := testing.AllocsPerRun(5000, func() { h.recordDecision(st, start) }); n != 0 {
+				t.Errorf("metrics_tenants %d, %s: %v allocations per decision", tenants, tc.policy, n)
+			}
+		}
+	}
+
+	if poolsDropItems() {
+		t.Log("sync.Pool drops items (race detector): not comparing whole requests")
+		return
+	}
+	w := httptest.NewRecorder()
+	perRequest := func(cfg string) float64 {
+		h := provisionHandler(t, cfg)
+		return testing.AllocsPerRun(2000, func() {
+			r := newCaddyRequest(w, "acme")
+			_ = h.ServeHTTP(w, r, okHandler)
+		})
+	}
+	const cfg = `{"tenant":"{http.request.header.X-Tenant}","headers":"off",%s
+		"rate_limits":{"alloc_req":{"algorithm":"token_bucket","max_events":1000000000,"window":3600000000000}}}`
+	off := perRequest(fmt.Sprintf(cfg, `"disable_metrics":true,`))
+	on := perRequest(fmt.Sprintf(cfg, ""))
+	if on > off {
+		t.Errorf("a request allocates %v times with metrics, %v without", on, off)
+	}
+}
+
+// poolsDropItems reports whether sync.Pool drops what is put back, as it
+// does at random under the race detector; allocation counts of code that
+// pools are then meaningless.
+func poolsDropItems() bool {
+	var p sync.Pool
+	for range 100 {
+		x := new(int)
+		p.Put(x)
+		if p.Get() != x {
+			return true
+		}
+	}
+	return false
+}
+
+// BenchmarkRecordDecision is the cost of recording one decision.
+func BenchmarkRecordDecision(b *testing.B) {
+	for _, tenants := range []int{0, 10} {
+		b.Run(fmt.Sprintf("metrics_tenants=%d", tenants), func(b *testing.B) {
+			h := provisionHandler(b, fmt.Sprintf(`{"metrics_tenants":%d,%s}`, tenants, allocPolicies))
+			st := decidedState(b, h, "alloc_allow", "acme")
+			start := time.Now()
+			b.ReportAllocs()
+			for b.Loop() {
+				h.recordDecision(st, start)
+			}
+		})
+	}
+}
+
+func TestTenantLabel(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"acme", "acme"},
+		{strings.Repeat("a", 64), strings.Repeat("a", 64)},
+		{strings.Repeat("a", 65), strings.Repeat("a", 64)},
+		{strings.Repeat("a", 63) + "é", strings.Repeat("a", 63)}, // no half rune
+		{"bad\xff\xfe", "bad\uFFFD"},
+		{strings.Repeat("\xff", 100), strings.Repeat("\uFFFD", 1)},
+	} {
+		if got := tenantLabel(tc.in); got != tc.want {
+			t.Errorf("tenantLabel(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	// Any input is a valid label value of at most 64 bytes.
+	for _, in := range []string{strings.Repeat("\xe2\x82", 50), strings.Repeat("😀", 30), "\x00\x01"} {
+		got := tenantLabel(in)
+		if len(got) > maxTenantLabel {
+			t.Errorf("tenantLabel(%q): %d bytes", in, len(got))
+		}
+		if _, err := collectors.tenantRequests.GetMetricWithLabelValues("label_test", got, "allowed"); err != nil {
+			t.Errorf("tenantLabel(%q) = %q: %v", in, got, err)
+		}
+		collectors.tenantRequests.DeleteLabelValues("label_test", got, "allowed")
+	}
+}
+
+// TestRegisterMetricsTwice: a second handler of the same config, and the
+// next config's registry, register without error; a foreign collector of
+// the same name is an error.
+func TestRegisterMetricsTwice(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	for range 2 {
+		if err := registerMetrics(reg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := registerMetrics(prometheus.NewPedanticRegistry()); err != nil {
+		t.Fatal(err)
+	}
+	clash := prometheus.NewPedanticRegistry()
+	clash.MustRegister(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "caddy_rate_limit_requests_total", Help: "x"}, []string{"zone", "key"}))
+	if err := registerMetrics(clash); err == nil {
+		t.Error("registering over a different caddy_rate_limit_requests_total: no error")
+	}
+	// Provisioning through Caddy's context registers, and the families
+	// gather cleanly from its pedantic registry.
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	h := &Handler{RateLimits: map[string]*PolicyConfig{"reg_twice": {MaxEvents: 1, Window: caddy.Duration(time.Hour)}}}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Cleanup()
+	fams, err := ctx.GetMetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "caddy_rate_limit_") {
+			names = append(names, f.GetName())
+		}
+	}
+	if !slices.Contains(names, "caddy_rate_limit_requests_total") || !slices.Contains(names, "caddy_rate_limit_breaker_open") {
+		t.Errorf("gathered %v", names)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	v := func(path limiter.Path, shadow, allowed bool) *limiter.Verdict {
+		return &limiter.Verdict{Path: path, Limit: limiter.Limit{Shadow: shadow}, Result: limiter.Result{Allowed: allowed}}
+	}
+	for _, tc := range []struct {
+		v     *limiter.Verdict
+		redis bool
+		dec   decision
+		src   source
+	}{
+		{v(limiter.PathStore, false, true), false, decisionAllowed, sourceMemory},
+		{v(limiter.PathStore, false, false), false, decisionDenied, sourceMemory},
+		{v(limiter.PathStore, true, false), false, decisionShadowDenied, sourceMemory},
+		{v(limiter.PathStore, true, true), true, decisionAllowed, sourceRedis},
+		{v(limiter.PathStore, false, false), true, decisionDenied, sourceRedis},
+		{v(limiter.PathFailedOpen, false, true), true, decisionFailedOpen, sourceRedis},
+		{v(limiter.PathFailedClosed, false, false), true, decisionFailedClosed, sourceRedis},
+		{v(limiter.PathFallback, false, true), true, decisionFallbackAllowed, sourceFallback},
+		{v(limiter.PathFallback, false, false), true, decisionFallbackDenied, sourceFallback},
+	} {
+		if dec, src := classify(tc.v, tc.redis); dec != tc.dec || src != tc.src {
+			t.Errorf("classify(%+v, redis=%v) = %s/%s, want %s/%s", *tc.v, tc.redis,
+				decisionNames[dec], sourceNames[src], decisionNames[tc.dec], sourceNames[tc.src])
+		}
+	}
+}
+
+// TestBreakerAndLeaseHooks: the setters the breaker and leases call.
+func TestBreakerAndLeaseHooks(t *testing.T) {
+	read := func(c prometheus.Metric) *dto.Metric {
+		var m dto.Metric
+		if err := c.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return &m
+	}
+	setBreakerOpen(true)
+	if got := read(collectors.breakerOpen).Gauge.GetValue(); got != 1 {
+		t.Errorf("breaker open: gauge %v", got)
+	}
+	setBreakerOpen(false)
+	if got := read(collectors.breakerOpen).Gauge.GetValue(); got != 0 {
+		t.Errorf("breaker closed: gauge %v", got)
+	}
+	before := read(collectors.leaseUnits.WithLabelValues("lease_hook", leaseSpent)).Counter.GetValue()
+	addLeaseUnits("lease_hook", leaseSpent, 3)
+	addLeaseUnits("lease_hook", leaseSpent, 0)
+	if got := read(collectors.leaseUnits.WithLabelValues("lease_hook", leaseSpent)).Counter.GetValue() - before; got != 3 {
+		t.Errorf("lease units spent: %v, want 3", got)
+	}
+}
