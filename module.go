@@ -93,12 +93,13 @@ type Handler struct {
 	// warning: `redis` supersedes it.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
-	ctx      caddy.Context
-	logger   *zap.Logger
-	events   *caddyevents.App
-	store    limiter.Store
-	storeKey string
-	redisKey string
+	ctx        caddy.Context
+	logger     *zap.Logger
+	events     *caddyevents.App
+	store      limiter.Store
+	storeKey   string
+	backendKey string
+	backend    *redisBackend
 	// fallback decides fail_mode local policies while Redis fails.
 	fallback    limiter.Fallback
 	fallbackKey string
@@ -181,27 +182,22 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return err
 }
 
-// provisionRedis attaches the handler to the shared client of its
-// connection settings.
+// provisionRedis attaches the handler to the shared backend (client,
+// breaker, instance registry) of its Redis settings, and to the shared
+// fallback store of fail_mode local.
 func (h *Handler) provisionRedis() error {
-	conn := h.Redis.connection()
-	client, key, err := loadRedisClient(conn)
+	backend, key, err := loadRedisBackend(h.Redis, h.logger, h.redisObserver())
 	if err != nil {
 		return fmt.Errorf("redis: %v", err)
 	}
-	h.redisKey = key
+	h.backend, h.backendKey = backend, key
 	fallback, fallbackKey, err := loadFallbackStore()
 	if err != nil {
 		return err
 	}
 	h.fallbackKey = fallbackKey
-	h.fallback = limiter.Fallback{Store: fallback, Scale: fallbackShare}
-	h.store = limiter.NewRedisStore(limiter.RedisOptions{
-		Client:  client,
-		Prefix:  h.Redis.KeyPrefix,
-		Timeout: conn.Timeout,
-		Observe: h.redisObserver(),
-	})
+	h.fallback = limiter.Fallback{Store: fallback, Scale: fallbackShare, Recorder: backend.recorder}
+	h.store = backend.store
 	return nil
 }
 
@@ -268,13 +264,13 @@ func (h *Handler) Cleanup() error {
 	if h.storeKey != "" {
 		_, err = embeddedStores.Delete(h.storeKey)
 	}
-	if h.redisKey != "" {
-		_, err = redisClients.Delete(h.redisKey)
+	if h.backendKey != "" {
+		_, err = redisBackends.Delete(h.backendKey)
 	}
 	if h.fallbackKey != "" {
 		_, err = embeddedStores.Delete(h.fallbackKey)
 	}
-	h.storeKey, h.redisKey, h.fallbackKey, h.store = "", "", "", nil
+	h.storeKey, h.backendKey, h.fallbackKey, h.store, h.backend = "", "", "", nil, nil
 	h.cleanupMetrics()
 	return err
 }
@@ -333,7 +329,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if err := d.Decide(r.Context(), h.store, st.items); err != nil {
 			return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
 		}
-	} else if err := d.DecideOrFallback(r.Context(), h.store, h.fallback, st.items); err != nil {
+	} else if err := d.DecideOrFallback(r.Context(), h.store, h.fallbackNow(), st.items); err != nil {
 		h.storeFailed(err)
 	}
 	h.recordDecision(st, start)
@@ -347,6 +343,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.release(r, d)
 	}
 	return next.ServeHTTP(w, r)
+}
+
+// fallbackNow is the fallback with the current share of the fleet.
+func (h *Handler) fallbackNow() limiter.Fallback {
+	fb := h.fallback
+	fb.Scale = h.backend.fallbackScale()
+	return fb
 }
 
 // release gives back concurrency slots. The request context may already be

@@ -3,6 +3,7 @@ package tollgate
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -86,8 +87,10 @@ func TestRedisConnectionOptions(t *testing.T) {
 			t.Fatalf("%v, want 2 x 200 and 1 x 429", c)
 		}
 		keys := srv.CLI(t, "--user", "limiter", "--pass", "s3cret", "-n", "3", "--no-auth-warning", "KEYS", "*")
-		if keys != "tg:sliding_window:{acme}:api" {
-			t.Errorf("keys in db 3: %q, want tg:sliding_window:{acme}:api", keys)
+		got := strings.Fields(keys)
+		slices.Sort(got)
+		if want := []string{"tg:instances", "tg:sliding_window:{acme}:api"}; !slices.Equal(got, want) {
+			t.Errorf("keys in db 3: %q, want %q (the bucket and the instance registry)", got, want)
 		}
 	})
 	t.Run("tls", func(t *testing.T) {
@@ -116,8 +119,8 @@ func TestRedisConnectionOptions(t *testing.T) {
 }
 
 // TestRedisDownFailModes: with redis-server killed, each policy follows
-// its fail mode, quickly, and the store error is logged once, not per
-// request.
+// its fail mode, quickly; the breaker opens once (one WARN, gauge 1) and
+// closes once Redis is back (one INFO, gauge 0).
 func TestRedisDownFailModes(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	logFile := t.TempDir() + "/caddy.log"
@@ -127,6 +130,7 @@ func TestRedisDownFailModes(t *testing.T) {
 			redis {
 				address %s
 				timeout 50ms
+				breaker_cooldown 300ms
 			}
 			tenant {http.request.header.X-Tenant}
 			fail %s
@@ -137,6 +141,9 @@ func TestRedisDownFailModes(t *testing.T) {
 		}`, srv.Addr, mode, mode)
 	}
 	s := startCaddy(t, fmt.Sprintf("\tlog {\n\t\toutput file %s\n\t\tformat json\n\t}", logFile), fmt.Sprintf(`
+	route /metrics {
+		metrics
+	}
 	route /open {%s
 		respond "ok"
 	}
@@ -146,6 +153,14 @@ func TestRedisDownFailModes(t *testing.T) {
 	route /local {%s
 		respond "ok"
 	}`, block("open"), block("closed"), block("local")), nil)
+	breakerGauge := func() string {
+		for l := range strings.SplitSeq(s.get("/metrics").body, "\n") {
+			if strings.HasPrefix(l, "caddy_rate_limit_breaker_open ") {
+				return strings.TrimPrefix(l, "caddy_rate_limit_breaker_open ")
+			}
+		}
+		return "missing"
+	}
 
 	// Redis up: every mode enforces the shared limit.
 	if c := s.statuses(3, "/closed", "X-Tenant", "acme"); c[200] != 3 {
@@ -164,26 +179,112 @@ func TestRedisDownFailModes(t *testing.T) {
 	if r.status != 429 || r.header.Get("Retry-After") != "1" {
 		t.Errorf("fail closed: %d Retry-After %q, want 429 and 1", r.status, r.header.Get("Retry-After"))
 	}
-	// local: 70% of 10 on this instance's own bucket.
+	// local: 70% of 10 on this instance's own bucket (one live instance).
 	if c := s.statuses(10, "/local", "X-Tenant", "acme"); c[200] != 7 || c[429] != 3 {
 		t.Errorf("fail local: %v, want 7 x 200 and 3 x 429", c)
 	}
 	if elapsed := time.Since(start); elapsed > 3*time.Second {
 		t.Errorf("32 requests with Redis down took %v", elapsed)
 	}
-	time.Sleep(100 * time.Millisecond)
-	warnings := 0
-	for _, l := range readJSONLines(t, logFile) {
-		if strings.Contains(string(l), "rate limit store failed") {
-			warnings++
-		}
-	}
-	// One per handler at most within the throttle interval.
-	if warnings < 1 || warnings > 3 {
-		t.Errorf("%d store failure warnings, want 1 to 3 (throttled)", warnings)
+	if g := breakerGauge(); g != "1" {
+		t.Errorf("caddy_rate_limit_breaker_open = %s during the outage, want 1", g)
 	}
 
-	// Redis back (empty): decisions go to Redis again.
+	// Redis back (empty): the breaker closes after its cooldown and
+	// decisions go to Redis again.
 	srv.Restart(t)
 	waitFor(t, func() bool { return s.get("/closed", "X-Tenant", "other").status == 200 })
+	if g := breakerGauge(); g != "0" {
+		t.Errorf("caddy_rate_limit_breaker_open = %s after recovery, want 0", g)
+	}
+	time.Sleep(100 * time.Millisecond)
+	opened, closed := 0, 0
+	for _, l := range readJSONLines(t, logFile) {
+		switch {
+		case strings.Contains(string(l), "circuit breaker open"):
+			opened++
+		case strings.Contains(string(l), "circuit breaker closed"):
+			closed++
+		}
+	}
+	// The three routes share one backend: one breaker, one line each way.
+	if opened != 1 || closed != 1 {
+		t.Errorf("breaker log lines: %d open, %d closed; want 1 and 1", opened, closed)
+	}
+
+	// Recovery accounting: the 7 units admitted locally are charged to
+	// the (restarted, empty) Redis, so acme has 3 left, not a fresh 10.
+	waitFor(t, func() bool {
+		for _, l := range readJSONLines(t, logFile) {
+			if strings.Contains(string(l), "charged Redis for units admitted during the outage") {
+				return true
+			}
+		}
+		return false
+	})
+	if c := s.statuses(5, "/local", "X-Tenant", "acme"); c[200] != 3 || c[429] != 2 {
+		t.Errorf("after recovery: %v, want 3 x 200 and 2 x 429 (outage units charged back)", c)
+	}
+}
+
+// TestRedisHungBoundedLatency: a SIGSTOPped Redis never holds a request
+// much longer than the deadline; once the breaker opens requests do not
+// wait at all; SIGCONT brings decisions back to Redis.
+func TestRedisHungBoundedLatency(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := startCaddy(t, "", fmt.Sprintf(`
+	rate_limit {
+		redis {
+			address %s
+			timeout 50ms
+			breaker_cooldown 300ms
+		}
+		tenant {http.request.header.X-Tenant}
+		policy api {
+			limit 1000
+			window 1h
+		}
+	}
+	respond "ok"`, srv.Addr), nil)
+	if r := s.get("/", "X-Tenant", "acme"); r.status != 200 {
+		t.Fatalf("redis up: %d", r.status)
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	var slowest time.Duration
+	var fastAfterOpen int
+	for i := range 30 {
+		start := time.Now()
+		r := s.get("/", "X-Tenant", "acme")
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if r.status != 200 {
+			t.Fatalf("request %d during the hang: %d, want 200 (fail local)", i, r.status)
+		}
+		if i >= 5 && took < 20*time.Millisecond {
+			fastAfterOpen++
+		}
+	}
+	t.Logf("slowest request with Redis hung (timeout 50ms): %v", slowest)
+	if slowest > 250*time.Millisecond {
+		t.Errorf("slowest request took %v with a 50ms Redis timeout", slowest)
+	}
+	if fastAfterOpen < 20 {
+		t.Errorf("only %d of 25 requests after the breaker opened were fast (< 20ms)", fastAfterOpen)
+	}
+	srv.Resume()
+	resumed = true
+	// A new tenant per poll: one answered by the fallback would be charged
+	// to Redis later and skew the next poll.
+	poll := 0
+	waitFor(t, func() bool {
+		poll++
+		r := s.get("/", "X-Tenant", fmt.Sprintf("fresh-%d", poll))
+		return r.status == 200 && r.header.Get("X-RateLimit-Remaining") == "999"
+	})
 }

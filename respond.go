@@ -250,16 +250,23 @@ func loggable(s string) string {
 }
 
 // storeWarningInterval is the least time between two store failure logs,
-// so an outage does not log once per request.
+// so failures do not log once per request.
 const storeWarningInterval = 10 * time.Second
 
-// storeFailed logs a store failure, at most once per storeWarningInterval;
-// the decision itself was taken by the policies' fail modes.
+// storeFailed logs a failed store call at DEBUG, at most once per
+// storeWarningInterval. Outages are reported by the circuit breaker (one
+// WARN when it opens, one INFO when it closes); calls refused by the open
+// breaker are not logged at all.
 func (h *Handler) storeFailed(err error) {
+	if errors.Is(err, limiter.ErrBreakerOpen) {
+		return
+	}
 	now := time.Now().UnixNano()
 	last := h.lastStoreWarning.Load()
 	if now-last < int64(storeWarningInterval) || !h.lastStoreWarning.CompareAndSwap(last, now) {
 		return
 	}
-	h.logger.Warn("rate limit store failed; deciding by fail mode", zap.Error(err))
+	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit store call failed; decided by fail mode"); ce != nil {
+		ce.Write(zap.Error(err))
+	}
 }
