@@ -136,6 +136,7 @@ var collectors = struct {
 	leaseUnits     *prometheus.CounterVec
 	breakerOpen    prometheus.Gauge
 	tenantRequests *prometheus.CounterVec
+	denialsDropped *prometheus.CounterVec
 }{
 	requests: newCounterVec("requests_total",
 		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
@@ -157,13 +158,16 @@ var collectors = struct {
 	tenantRequests: newCounterVec("tenant_requests_total",
 		"Rate-limit decisions of the busiest tenants (metrics_tenants); every other tenant is counted as _other.",
 		"policy", "tenant", "decision"),
+	denialsDropped: newCounterVec("denials_dropped_total",
+		"Denials not written to the denial stream (denials_stream), by reason: buffer_full, breaker_open, error, shutdown.",
+		"reason"),
 }
 
 func allCollectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		collectors.requests, collectors.duration, collectors.redisCalls,
 		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
-		collectors.tenantRequests,
+		collectors.tenantRequests, collectors.denialsDropped,
 	}
 }
 

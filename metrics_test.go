@@ -34,6 +34,7 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_lease_units_total":         {"counter", []string{"policy", "event"}},
 		"caddy_rate_limit_breaker_open":              {"gauge", nil},
 		"caddy_rate_limit_tenant_requests_total":     {"counter", []string{"policy", "tenant", "decision"}},
+		"caddy_rate_limit_denials_dropped_total":     {"counter", []string{"reason"}},
 	}
 	if !reflect.DeepEqual(metricCatalog, want) {
 		t.Errorf("metric catalog:\n got %v\nwant %v", metricCatalog, want)

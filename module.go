@@ -100,6 +100,9 @@ type Handler struct {
 	storeKey   string
 	backendKey string
 	backend    *redisBackend
+	// denials is the backend's denial stream while this handler uses it
+	// (denials_stream > 0), else nil.
+	denials *denialStream
 	// fallback decides fail_mode local policies while Redis fails.
 	fallback    limiter.Fallback
 	fallbackKey string
@@ -135,11 +138,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.lastStoreWarning = new(atomic.Int64)
 
-	if h.DenialsStream > 0 {
-		if h.Redis == nil {
-			return errors.New("denials_stream: needs a redis block (the stream lives in Redis)")
-		}
-		return errors.New("denials_stream: the denial stream is not available in this version of Tollgate yet")
+	if h.DenialsStream > 0 && h.Redis == nil {
+		return errors.New("denials_stream: needs a redis block (the stream lives in Redis)")
 	}
 	if len(h.Distributed) > 0 {
 		h.logger.Warn("caddy-ratelimit's 'distributed' option is ignored: Tollgate is exact across instances with a 'redis' block")
@@ -198,6 +198,10 @@ func (h *Handler) provisionRedis() error {
 	h.fallbackKey = fallbackKey
 	h.fallback = limiter.Fallback{Store: fallback, Scale: fallbackShare, Recorder: backend.recorder}
 	h.store = backend.store
+	if h.DenialsStream > 0 {
+		backend.denials.acquire(h.DenialsStream)
+		h.denials = backend.denials
+	}
 	return nil
 }
 
@@ -261,6 +265,10 @@ func (h *Handler) Validate() error {
 // to do so closes it.
 func (h *Handler) Cleanup() error {
 	var err error
+	if h.denials != nil {
+		h.denials.release(h.DenialsStream)
+		h.denials = nil
+	}
 	if h.storeKey != "" {
 		_, err = embeddedStores.Delete(h.storeKey)
 	}

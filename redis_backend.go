@@ -31,17 +31,22 @@ type redisBackend struct {
 	recorder  *limiter.Recorder
 	logger    *zap.Logger
 	cooldown  time.Duration
+	// denials is the denial stream <prefix>:denials; its writer starts
+	// when the first handler with denials_stream acquires it.
+	denials *denialStream
 
 	stop chan struct{}
 	done chan struct{}
 }
 
-// Destruct implements caddy.Destructor: a last flush, then the heartbeat
-// entry is removed and the client released.
+// Destruct implements caddy.Destructor: a last flush (of the units owed
+// and of the buffered denials), then the heartbeat entry is removed and the
+// client released.
 func (b *redisBackend) Destruct() error {
 	close(b.stop)
 	<-b.done
 	b.flush()
+	b.denials.close()
 	_ = b.registry.Close()
 	_, err := redisClients.Delete(b.clientKey)
 	return err
@@ -141,6 +146,7 @@ func loadRedisBackend(rc *RedisConfig, logger *zap.Logger, observe func(script, 
 			Prefix:  rc.KeyPrefix,
 			Timeout: conn.Timeout,
 		})
+		b.denials = newDenialStream(client, rc.KeyPrefix, b.registry.ID(), conn.Timeout, b.store, logger)
 		go b.flushLoop()
 		return b, nil
 	})

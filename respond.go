@@ -196,6 +196,9 @@ func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, st *requestS
 	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); ce != nil {
 		ce.Write(h.decisionFields(it, v, secs)...)
 	}
+	if h.denials != nil {
+		h.recordDenial(it, v, secs)
+	}
 	if h.events != nil {
 		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
 			"tenant":      loggable(it.Tenant),

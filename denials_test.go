@@ -1,0 +1,562 @@
+package tollgate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// droppedDenials reads caddy_rate_limit_denials_dropped_total{reason}.
+func droppedDenials(t testing.TB, r dropReason) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := dropCounters()[r].Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func allDroppedDenials(t testing.TB) float64 {
+	t.Helper()
+	sum := 0.0
+	for r := range numDropReasons {
+		sum += droppedDenials(t, r)
+	}
+	return sum
+}
+
+// streamBackends returns the denial streams of the live Redis backends.
+func streamBackends() []*denialStream {
+	var out []*denialStream
+	redisBackends.Range(func(_, v any) bool {
+		out = append(out, v.(*redisBackend).denials)
+		return true
+	})
+	return out
+}
+
+// entriesAdded is XINFO STREAM's entries-added: every entry ever written,
+// trimmed ones included.
+func entriesAdded(t testing.TB, c *redis.Client, stream string) int64 {
+	t.Helper()
+	info, err := c.XInfoStream(context.Background(), stream).Result()
+	if err != nil {
+		if strings.Contains(err.Error(), "no such key") {
+			return 0
+		}
+		t.Fatal(err)
+	}
+	return info.EntriesAdded
+}
+
+// rateLimitBlock is a rate_limit handler on Redis at addr with the given
+// handler-level lines and one policy body.
+func rateLimitBlock(addr, redisExtra, lines, policy string) string {
+	return fmt.Sprintf(`rate_limit {
+		redis {
+			address %s
+%s
+		}
+		tenant {http.request.header.X-Tenant}
+%s
+		%s
+	}`, addr, redisExtra, lines, policy)
+}
+
+// TestDenialStreamEntries: each enforced denial is one stream entry with
+// the documented fields; shadow would-denies write nothing; the key is
+// there only with log_key; handlers with different maxlen share one writer
+// that trims with the largest.
+func TestDenialStreamEntries(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	c := srv.Client(t)
+	site := fmt.Sprintf(`
+	route /enf/* {
+		%s
+	}
+	route /key/* {
+		%s
+	}
+	route /shadow/* {
+		%s
+	}
+	respond "ok"`,
+		rateLimitBlock(srv.Addr, "", "\t\tdenials_stream 500", "policy api {\n\t\t\tlimit 2\n\t\t\twindow 1h\n\t\t}"),
+		rateLimitBlock(srv.Addr, "", "\t\tdenials_stream 1000\n\t\tlog_key", "policy keyed {\n\t\t\tkey {http.request.uri.path}\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t}"),
+		rateLimitBlock(srv.Addr, "", "\t\tdenials_stream", "policy sh {\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t\tshadow\n\t\t}"),
+	)
+	s := startCaddy(t, "", site, nil)
+	start := time.Now().UnixMilli()
+
+	if got := s.statuses(7, "/enf/x", "X-Tenant", "acme"); got[200] != 2 || got[429] != 5 {
+		t.Fatalf("/enf: %v, want 2 x 200 and 5 x 429", got)
+	}
+	if got := s.statuses(2, "/key/a", "X-Tenant", "beta"); got[200] != 1 || got[429] != 1 {
+		t.Fatalf("/key: %v, want 1 x 200 and 1 x 429", got)
+	}
+	if got := s.statuses(5, "/shadow/x", "X-Tenant", "gamma"); got[200] != 5 {
+		t.Fatalf("/shadow: %v, want 5 x 200 (shadow never blocks)", got)
+	}
+	waitFor(t, func() bool { return entriesAdded(t, c, "rl:denials") >= 6 })
+	time.Sleep(100 * time.Millisecond) // anything extra would show now
+	end := time.Now().UnixMilli()
+
+	entries, err := c.XRange(context.Background(), "rl:denials", "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 6 {
+		t.Fatalf("%d entries, want 6 (5 + 1 denials, no shadow): %v", len(entries), entries)
+	}
+	instances, err := c.ZRange(context.Background(), "rl:instances", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range entries {
+		v := e.Values
+		ts, err := strconv.ParseInt(fmt.Sprint(v["ts"]), 10, 64)
+		if err != nil || ts < start-1000 || ts > end {
+			t.Errorf("entry %d: ts %v is not a unix ms time of the test", i, v["ts"])
+		}
+		if !slices.Contains(instances, fmt.Sprint(v["instance"])) {
+			t.Errorf("entry %d: instance %v is not in rl:instances %v", i, v["instance"], instances)
+		}
+		if ra, err := strconv.Atoi(fmt.Sprint(v["retry_after"])); err != nil || ra < 1 || ra > 7200 {
+			t.Errorf("entry %d: retry_after %v, want 1..7200 seconds (sliding window of 1h)", i, v["retry_after"])
+		}
+		want := map[string]any{"tenant": "acme", "policy": "api", "limit": "2"}
+		if i == 5 {
+			want = map[string]any{"tenant": "beta", "policy": "keyed", "limit": "1", "key": "/key/a"}
+		}
+		for k, w := range want {
+			if v[k] != w {
+				t.Errorf("entry %d: %s = %v, want %v", i, k, v[k], w)
+			}
+		}
+		var names []string
+		for k := range v {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		wantNames := []string{"instance", "limit", "policy", "retry_after", "tenant", "ts"}
+		if i == 5 {
+			wantNames = []string{"instance", "key", "limit", "policy", "retry_after", "tenant", "ts"}
+		}
+		if !slices.Equal(names, wantNames) {
+			t.Errorf("entry %d: fields %v, want %v", i, names, wantNames)
+		}
+	}
+
+	// One writer for the three handlers, trimming with the largest maxlen.
+	streams := streamBackends()
+	if len(streams) != 1 {
+		t.Fatalf("%d backends, want 1", len(streams))
+	}
+	if got := streams[0].maxlen.Load(); got != defaultDenialsStream {
+		t.Errorf("maxlen %d, want %d (the largest asked for)", got, defaultDenialsStream)
+	}
+	if got := denialsWriters.Load(); got != 1 {
+		t.Errorf("%d writers running, want 1", got)
+	}
+}
+
+// TestDenialStreamTenantCut: tenants are cut like in logs.
+func TestDenialStreamTenantCut(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	c := srv.Client(t)
+	site := rateLimitBlock(srv.Addr, "", "\t\tdenials_stream", "policy api {\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t}") + "\n\trespond \"ok\""
+	s := startCaddy(t, "", site, nil)
+	long := strings.Repeat("t", 300)
+	if got := s.statuses(2, "/", "X-Tenant", long); got[429] != 1 {
+		t.Fatalf("%v, want one 429", got)
+	}
+	waitFor(t, func() bool { return entriesAdded(t, c, "rl:denials") == 1 })
+	entries, err := c.XRange(context.Background(), "rl:denials", "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := entries[0].Values["tenant"], loggable(long); got != want || len(want) > maxLoggedValue+20 {
+		t.Errorf("tenant %q, want %q", got, want)
+	}
+}
+
+// TestDenialStreamNeedsRedis: without a redis block the config is refused
+// with a message that says why.
+func TestDenialStreamNeedsRedis(t *testing.T) {
+	cfg := adaptCaddyfile(t, ":8080 {\n\trate_limit {\n\t\tdenials_stream\n\t\tpolicy api {\n\t\t\tlimit 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n")
+	var c caddy.Config
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		t.Fatal(err)
+	}
+	err := caddy.Validate(&c)
+	if err == nil || !strings.Contains(err.Error(), "denials_stream: needs a redis block") {
+		t.Fatalf("error %v, want denials_stream: needs a redis block", err)
+	}
+}
+
+// TestDenialStreamTrims: MAXLEN ~ keeps the stream near maxlen.
+func TestDenialStreamTrims(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	c := srv.Client(t)
+	site := rateLimitBlock(srv.Addr, "", "\t\tdenials_stream 100", "policy api {\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t}") + "\n\trespond \"ok\""
+	s := startCaddy(t, "", site, nil)
+	dropped := allDroppedDenials(t)
+	const n = 1000
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	denied := 0
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n+1; i += 8 {
+				if s.get("/", "X-Tenant", "acme").status == 429 {
+					mu.Lock()
+					denied++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if denied != n {
+		t.Fatalf("%d denials, want %d", denied, n)
+	}
+	waitFor(t, func() bool { return float64(entriesAdded(t, c, "rl:denials"))+allDroppedDenials(t)-dropped >= n })
+	if d := allDroppedDenials(t) - dropped; d != 0 {
+		t.Errorf("%v denials dropped with a healthy Redis", d)
+	}
+	xlen, err := c.XLen(context.Background(), "rl:denials").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("entries added %d, XLEN %d with maxlen 100", entriesAdded(t, c, "rl:denials"), xlen)
+	if xlen < 100 || xlen > 300 {
+		t.Errorf("XLEN %d, want about 100 (100..300) after %d denials with denials_stream 100", xlen, n)
+	}
+}
+
+// TestDenialStreamHungRedis: with Redis paused, the stream costs the deny
+// path nothing: fail-closed 429s take as long with denials_stream as
+// without it (the decision's own timeout), and after Redis is back every
+// denial is either in the stream or counted as dropped.
+func TestDenialStreamHungRedis(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	c := srv.Client(t)
+	// The breaker never opens here, so every decision waits out the 50ms
+	// timeout and the writer keeps trying (and hanging) too.
+	redisExtra := "\t\t\ttimeout 50ms\n\t\t\tbreaker_failures 1000000"
+	site := func(stream string) string {
+		return rateLimitBlock(srv.Addr, redisExtra, stream+"\n\t\tfail closed",
+			"policy api {\n\t\t\tlimit 1000\n\t\t\twindow 1h\n\t\t}") + "\n\trespond \"ok\""
+	}
+	const n, workers = 200, 20
+	run := func(s *caddyServer) (latencies []time.Duration, denied int) {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < n; i += workers {
+					t0 := time.Now()
+					st := s.get("/", "X-Tenant", fmt.Sprintf("t%d", i)).status
+					d := time.Since(t0)
+					mu.Lock()
+					latencies = append(latencies, d)
+					if st == 429 {
+						denied++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		slices.Sort(latencies)
+		return latencies, denied
+	}
+	pct := func(l []time.Duration, p float64) time.Duration { return l[int(float64(len(l)-1)*p)] }
+
+	s := startCaddy(t, "", site(""), nil)
+	s.get("/", "X-Tenant", "warm")
+	srv.Pause()
+	off, deniedOff := run(s)
+	srv.Resume()
+
+	s.load("", site("\t\tdenials_stream"), nil)
+	s.get("/", "X-Tenant", "warm")
+	before := entriesAdded(t, c, "rl:denials")
+	dropped := allDroppedDenials(t)
+	srv.Pause()
+	on, deniedOn := run(s)
+	// Longer than a batch's deadline: the writer's batch fails.
+	time.Sleep(denialMinBatchTimeout + 500*time.Millisecond)
+	srv.Resume()
+
+	t.Logf("fail-closed 429s with Redis paused, %d requests, %d workers: stream off p50 %v p99 %v max %v; stream on p50 %v p99 %v max %v",
+		n, workers, pct(off, .5), pct(off, .99), off[len(off)-1], pct(on, .5), pct(on, .99), on[len(on)-1])
+	if deniedOff != n || deniedOn != n {
+		t.Fatalf("denied %d (off) and %d (on) of %d, want all (fail closed)", deniedOff, deniedOn, n)
+	}
+	if p99on, p99off := pct(on, .99), pct(off, .99); p99on > p99off+p99off/2+25*time.Millisecond {
+		t.Errorf("p99 with the stream %v, without %v: the stream slows the deny path", p99on, p99off)
+	}
+	if on[len(on)-1] > time.Second {
+		t.Errorf("slowest request took %v with a 50ms timeout", on[len(on)-1])
+	}
+	// Every denial was either written or dropped and counted. A batch that
+	// timed out may still have reached Redis once it resumed (it was on
+	// the wire), so written + dropped can exceed the denials, never fall
+	// short of them.
+	waitFor(t, func() bool {
+		return float64(entriesAdded(t, c, "rl:denials")-before)+allDroppedDenials(t)-dropped >= n
+	})
+	if w := entriesAdded(t, c, "rl:denials") - before; w > n {
+		t.Errorf("%d entries written for %d denials", w, n)
+	}
+	t.Logf("written %d, dropped %v (error %v, buffer_full %v, breaker_open %v)",
+		entriesAdded(t, c, "rl:denials")-before, allDroppedDenials(t)-dropped,
+		droppedDenials(t, dropError), droppedDenials(t, dropBufferFull), droppedDenials(t, dropBreakerOpen))
+}
+
+// TestDenialStreamFullBufferNeverBlocks: with the writer stuck on a paused
+// Redis and the buffer full, adding a denial returns at once and counts a
+// drop; the writer recovers when Redis is back and stops within its flush
+// deadline.
+func TestDenialStreamFullBufferNeverBlocks(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	opts := srv.ClientOptions()
+	opts.ReadTimeout, opts.WriteTimeout = 50*time.Millisecond, 50*time.Millisecond
+	opts.ContextTimeoutEnabled = true
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { client.Close() })
+	breaker := limiter.NewBreakerStore(errStore{}, limiter.BreakerOptions{})
+	s := newDenialStream(client, "full", "test-instance", 50*time.Millisecond, breaker, zap.NewNop())
+	s.acquire(100)
+	defer s.close()
+
+	srv.Pause()
+	full := droppedDenials(t, dropBufferFull)
+	const n = 20000
+	var worst, total time.Duration
+	e := denialEntry{ts: time.Now().UnixMilli(), tenant: "acme", policy: "api", limit: 10, retryAfter: 3}
+	for range n {
+		t0 := time.Now()
+		s.add(e)
+		d := time.Since(t0)
+		total += d
+		worst = max(worst, d)
+	}
+	dropped := droppedDenials(t, dropBufferFull) - full
+	t.Logf("%d adds with the writer hung: mean %v, worst %v, %v dropped as buffer_full", n, total/n, worst, dropped)
+	if dropped < n-denialBufferSize-2*denialBatchSize {
+		t.Errorf("only %v of %d dropped with a %d buffer and a hung writer", dropped, n, denialBufferSize)
+	}
+	if total/n > 20*time.Microsecond || worst > 100*time.Millisecond {
+		t.Errorf("add with a full buffer: mean %v, worst %v; it must not wait", total/n, worst)
+	}
+	srv.Resume()
+	waitFor(t, func() bool { return entriesAdded(t, srv.Client(t), "full:denials") > 0 })
+
+	// close: the last flush is bounded even with Redis paused again.
+	for range denialBufferSize {
+		s.add(e)
+	}
+	srv.Pause()
+	t0 := time.Now()
+	s.close()
+	if d := time.Since(t0); d > denialFlushTimeout+time.Second {
+		t.Errorf("close took %v with Redis paused", d)
+	}
+	srv.Resume()
+	s.add(e) // after close: counted, not queued
+	if len(s.buf) != 0 {
+		t.Errorf("%d denials left in the buffer after close", len(s.buf))
+	}
+}
+
+// TestDenialStreamBreakerOpen: while the breaker is open the writer drops
+// batches without calling Redis.
+func TestDenialStreamBreakerOpen(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	c := srv.Client(t)
+	failing := limiter.NewBreakerStore(errStore{}, limiter.BreakerOptions{Failures: 1, Cooldown: time.Hour})
+	_, _ = failing.Decide(context.Background(), []limiter.Check{{}}, make([]limiter.Result, 1))
+	if !failing.Open() {
+		t.Fatal("breaker did not open")
+	}
+	s := newDenialStream(c, "brk", "i", 100*time.Millisecond, failing, zap.NewNop())
+	s.acquire(100)
+	before := droppedDenials(t, dropBreakerOpen)
+	for range 10 {
+		s.add(denialEntry{tenant: "acme", policy: "api"})
+	}
+	waitFor(t, func() bool { return droppedDenials(t, dropBreakerOpen)-before == 10 })
+	s.close()
+	if got := entriesAdded(t, c, "brk:denials"); got != 0 {
+		t.Errorf("%d entries written with the breaker open", got)
+	}
+}
+
+// errStore fails every call.
+type errStore struct{ limiter.Store }
+
+func (errStore) Decide(context.Context, []limiter.Check, []limiter.Result) (bool, error) {
+	return false, fmt.Errorf("down")
+}
+
+// TestDenialStreamNoLeakAcrossReloads: reloads between stream configs keep
+// one writer; unloading Redis stops it; no goroutines pile up.
+func TestDenialStreamNoLeakAcrossReloads(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	c := srv.Client(t)
+	site := func(maxlen int) string {
+		return rateLimitBlock(srv.Addr, "", fmt.Sprintf("\t\tdenials_stream %d", maxlen),
+			"policy api {\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t}") + "\n\trespond \"ok\""
+	}
+	plain := "\trespond \"no limits\""
+	s := startCaddy(t, "", plain, nil)
+	s.get("/")
+	testClient.CloseIdleConnections()
+	before := stableGoroutines()
+	denied := 0
+	for i := range 10 {
+		s.load("", site(100+i), nil)
+		s.load("", site(200+i), nil) // reload with another maxlen: same writer
+		if got := denialsWriters.Load(); got != 1 {
+			t.Fatalf("reload %d: %d writers, want 1", i, got)
+		}
+		if got := streamBackends()[0].maxlen.Load(); got != int64(200+i) {
+			t.Errorf("reload %d: maxlen %d, want %d", i, got, 200+i)
+		}
+		for range 2 {
+			if getAfterReload(t, s, "acme") == 429 {
+				denied++
+			}
+		}
+		s.load("", plain, nil) // no Redis: the backend and its writer go
+		testClient.CloseIdleConnections()
+		if got := denialsWriters.Load(); got != 0 {
+			t.Fatalf("reload %d: %d writers after unloading Redis, want 0", i, got)
+		}
+	}
+	if denied != 19 {
+		t.Errorf("%d denials, want 19 (limit 1 per hour, 20 requests)", denied)
+	}
+	// Destruct flushed the buffered denials before closing the client.
+	if got := entriesAdded(t, c, "rl:denials"); got != int64(denied) {
+		t.Errorf("%d entries, want %d", got, denied)
+	}
+	s.get("/")
+	testClient.CloseIdleConnections()
+	if after := stableGoroutines(); after > before+5 {
+		t.Errorf("goroutines grew from %d to %d over 10 reload cycles", before, after)
+	}
+}
+
+// getAfterReload sends a GET as tenant right after a reload, retrying a
+// connection the old server closed (a reload can reset a connection it
+// accepted just before stopping).
+func getAfterReload(t *testing.T, s *caddyServer, tenant string) int {
+	t.Helper()
+	var err error
+	for range 5 {
+		testClient.CloseIdleConnections()
+		var req *http.Request
+		req, err = http.NewRequest(http.MethodGet, s.base+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Tenant", tenant)
+		var res *http.Response
+		if res, err = testClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			return res.StatusCode
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("GET after reload: %v", err)
+	return 0
+}
+
+// BenchmarkRecordDenial is the deny path's cost of the stream: building
+// the entry and queueing it, with a writer draining the buffer.
+func BenchmarkRecordDenial(b *testing.B) {
+	s := newDenialStream(nil, "", "i", time.Second, nil, zap.NewNop())
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-s.buf:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer close(stop)
+	h := &Handler{denials: s}
+	it := &limiter.Item{Tenant: "acme", Policy: &limiter.Policy{Name: "api"}}
+	v := &limiter.Verdict{}
+	b.ReportAllocs()
+	for b.Loop() {
+		h.recordDenial(it, v, 3)
+	}
+}
+
+// BenchmarkRecordDenialFull: the same with the buffer full (every denial
+// dropped and counted).
+func BenchmarkRecordDenialFull(b *testing.B) {
+	s := newDenialStream(nil, "", "i", time.Second, nil, zap.NewNop())
+	for range denialBufferSize {
+		s.buf <- denialEntry{}
+	}
+	h := &Handler{denials: s}
+	it := &limiter.Item{Tenant: "acme", Policy: &limiter.Policy{Name: "api"}}
+	v := &limiter.Verdict{}
+	b.ReportAllocs()
+	for b.Loop() {
+		h.recordDenial(it, v, 3)
+	}
+}
+
+// BenchmarkDenialStreamWrite: entries per second one writer puts in a
+// local Redis, in full batches.
+func BenchmarkDenialStreamWrite(b *testing.B) {
+	srv := redistest.StartStandalone(b, redistest.Options{})
+	c := srv.Client(b)
+	breaker := limiter.NewBreakerStore(errStore{}, limiter.BreakerOptions{})
+	s := newDenialStream(c, "bench", "instance-1", time.Second, breaker, zap.NewNop())
+	s.maxlen.Store(10000)
+	batch := make([]denialEntry, denialBatchSize)
+	for i := range batch {
+		batch[i] = denialEntry{ts: time.Now().UnixMilli(), tenant: "tenant-" + strconv.Itoa(i), policy: "api", limit: 100, retryAfter: 7}
+	}
+	ctx := context.Background()
+	start := time.Now()
+	n := 0
+	for b.Loop() {
+		if err := s.write(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+		n += len(batch)
+	}
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "entries/s")
+}
