@@ -316,8 +316,16 @@ func TestE2EShadow(t *testing.T) {
 			t.Fatalf("loud %d: status %d", i, r.status)
 		}
 	}
-	// Give the file writers a moment.
-	time.Sleep(200 * time.Millisecond)
+	// The access log line is written after the response; wait for all.
+	waitFor(t, func() bool {
+		n := 0
+		for _, l := range readJSONLines(t, accessFile) {
+			if strings.Contains(string(l), "rate_limit_shadow_denied") {
+				n++
+			}
+		}
+		return n >= 5
+	})
 
 	type line struct {
 		Msg        string `json:"msg"`
