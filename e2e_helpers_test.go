@@ -98,6 +98,9 @@ func (s *caddyServer) load(globals, site string, extra func(cfg map[string]any))
 	if err := caddy.Load(cfg, true); err != nil {
 		s.t.Fatalf("loading config: %v\n%s", err, src)
 	}
+	// Keep-alive connections to the previous config's server are being
+	// closed; a request on one could see "connection reset by peer".
+	testClient.CloseIdleConnections()
 	waitListening(s.t, s.port)
 }
 
