@@ -51,17 +51,6 @@ func (p *caddyProcess) writeConfig(caddyfile string) string {
 	return file
 }
 
-// reload applies a new Caddyfile through the admin API, as `caddy reload`.
-func (p *caddyProcess) reload(caddyfile string) {
-	p.t.Helper()
-	file := p.writeConfig(caddyfile)
-	out, err := exec.Command(caddyBinary(p.t), "reload", "--config", file, "--adapter", "caddyfile",
-		"--address", fmt.Sprintf("127.0.0.1:%d", p.admin), "--force").CombinedOutput()
-	if err != nil {
-		p.t.Fatalf("caddy reload: %v\n%s", err, out)
-	}
-}
-
 func (p *caddyProcess) stop() {
 	if p.cmd.ProcessState != nil {
 		return
