@@ -53,6 +53,8 @@ type caddyServer struct {
 	t    testing.TB
 	port int
 	base string
+	// admin is the admin endpoint's address ("" = admin off).
+	admin string
 }
 
 // startCaddy runs site (a Caddyfile site body) on a free loopback port,
@@ -61,9 +63,21 @@ type caddyServer struct {
 // adapted JSON before it is loaded.
 func startCaddy(t testing.TB, globals, site string, extra func(cfg map[string]any)) *caddyServer {
 	t.Helper()
+	return startCaddyWith(t, "", globals, site, extra)
+}
+
+// startCaddyAdmin is startCaddy with Caddy's admin endpoint on a free
+// loopback port; s.admin is its address.
+func startCaddyAdmin(t testing.TB, globals, site string, extra func(cfg map[string]any)) *caddyServer {
+	t.Helper()
+	return startCaddyWith(t, fmt.Sprintf("127.0.0.1:%d", freePort(t)), globals, site, extra)
+}
+
+func startCaddyWith(t testing.TB, admin, globals, site string, extra func(cfg map[string]any)) *caddyServer {
+	t.Helper()
 	caddyMu.Lock()
 	t.Cleanup(caddyMu.Unlock)
-	s := &caddyServer{t: t, port: freePort(t)}
+	s := &caddyServer{t: t, port: freePort(t), admin: admin}
 	s.base = fmt.Sprintf("http://127.0.0.1:%d", s.port)
 	t.Cleanup(func() {
 		if err := caddy.Stop(); err != nil {
@@ -81,7 +95,11 @@ func (s *caddyServer) load(globals, site string, extra func(cfg map[string]any))
 		// Keep test output readable; tests that read logs set their own.
 		globals = "\tlog {\n\t\toutput discard\n\t}"
 	}
-	src := fmt.Sprintf("{\n\tadmin off\n\tpersist_config off\n\tauto_https off\n%s\n}\n\nhttp://127.0.0.1:%d {\n%s\n}\n",
+	admin := "off"
+	if s.admin != "" {
+		admin = s.admin
+	}
+	src := fmt.Sprintf("{\n\tadmin "+admin+"\n\tpersist_config off\n\tauto_https off\n%s\n}\n\nhttp://127.0.0.1:%d {\n%s\n}\n",
 		globals, s.port, strings.ReplaceAll(site, "{PORT}", fmt.Sprint(s.port)))
 	cfg := adaptCaddyfile(s.t, src)
 	if extra != nil {

@@ -112,6 +112,8 @@ type Handler struct {
 	headerMode       headerMode
 	// metrics is nil when metrics are disabled.
 	metrics *handlerMetrics
+	// overrides holds the runtime overrides (admin API) of the store.
+	overrides *overrideTable
 }
 
 // CaddyModule returns the Caddy module information.
@@ -172,14 +174,22 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 
 	if h.Redis != nil {
-		return h.provisionRedis()
+		if err := h.provisionRedis(); err != nil {
+			return err
+		}
+		h.overrides = h.backend.overrides.table
+	} else {
+		sweep := time.Duration(h.SweepInterval)
+		if sweep <= 0 {
+			sweep = time.Minute
+		}
+		if h.store, h.storeKey, err = loadEmbeddedStore(sweep); err != nil {
+			return err
+		}
+		h.overrides = memoryOverrides
 	}
-	sweep := time.Duration(h.SweepInterval)
-	if sweep <= 0 {
-		sweep = time.Minute
-	}
-	h.store, h.storeKey, err = loadEmbeddedStore(sweep)
-	return err
+	registerHandler(h)
+	return nil
 }
 
 // provisionRedis attaches the handler to the shared backend (client,
@@ -265,6 +275,7 @@ func (h *Handler) Validate() error {
 // to do so closes it.
 func (h *Handler) Cleanup() error {
 	var err error
+	unregisterHandler(h)
 	if h.denials != nil {
 		h.denials.release(h.DenialsStream)
 		h.denials = nil
@@ -332,6 +343,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	d := &st.decision
+	d.Overrides = h.overrides
 	start := h.decisionStart()
 	if h.Redis == nil {
 		if err := d.Decide(r.Context(), h.store, st.items); err != nil {

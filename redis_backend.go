@@ -34,6 +34,8 @@ type redisBackend struct {
 	// denials is the denial stream <prefix>:denials; its writer starts
 	// when the first handler with denials_stream acquires it.
 	denials *denialStream
+	// overrides mirrors the runtime overrides stored in Redis.
+	overrides *redisOverrides
 
 	stop chan struct{}
 	done chan struct{}
@@ -47,6 +49,7 @@ func (b *redisBackend) Destruct() error {
 	<-b.done
 	b.flush()
 	b.denials.close()
+	b.overrides.close()
 	_ = b.registry.Close()
 	_, err := redisClients.Delete(b.clientKey)
 	return err
@@ -147,6 +150,7 @@ func loadRedisBackend(rc *RedisConfig, logger *zap.Logger, observe func(script, 
 			Timeout: conn.Timeout,
 		})
 		b.denials = newDenialStream(client, rc.KeyPrefix, b.registry.ID(), conn.Timeout, b.store, logger)
+		b.overrides = newRedisOverrides(client, rc.KeyPrefix, conn.Timeout, logger)
 		go b.flushLoop()
 		return b, nil
 	})

@@ -47,6 +47,10 @@ type Decision struct {
 	Admitted bool
 	// Verdicts has one entry per Item, in order.
 	Verdicts []Verdict
+	// Overrides, when set, is asked first for each item's limit: a runtime
+	// override wins over Policy.Resolve (SourceRuntimeOverride). Reset
+	// keeps it. It runs on the hot path: it must be an in-process lookup.
+	Overrides OverrideLookup
 
 	checks    []Check
 	results   []Result
@@ -71,7 +75,7 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 	d.Reset()
 	for i := range items {
 		it := &items[i]
-		limit, source := it.Policy.Resolve(it.Tenant, it.Tier)
+		limit, source := d.resolve(it)
 		d.Verdicts = append(d.Verdicts, Verdict{Limit: limit, Source: source})
 		if limit.Unlimited {
 			d.Verdicts[i].Result = Result{Allowed: true, Remaining: -1}
@@ -105,6 +109,20 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 		d.Verdicts[i].Result = d.results[j]
 	}
 	return nil
+}
+
+// OverrideLookup finds the runtime override of tenant in policy p.
+type OverrideLookup interface {
+	Lookup(p *Policy, tenant string) (Limit, bool)
+}
+
+func (d *Decision) resolve(it *Item) (Limit, Source) {
+	if d.Overrides != nil {
+		if l, ok := d.Overrides.Lookup(it.Policy, it.Tenant); ok {
+			return l, SourceRuntimeOverride
+		}
+	}
+	return it.Policy.Resolve(it.Tenant, it.Tier)
 }
 
 // Release gives back the concurrency slots an admitted decision took, to

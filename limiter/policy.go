@@ -98,6 +98,10 @@ func (p *Policy) Validate() error {
 	return nil
 }
 
+// ValidateLimit reports why l cannot be a limit of p (a tier, an
+// override or a runtime override), nil when it can.
+func (p *Policy) ValidateLimit(l Limit) error { return p.validateLimit(l) }
+
 func (p *Policy) validateLimit(l Limit) error {
 	if l.Unlimited {
 		return nil

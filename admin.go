@@ -1,0 +1,520 @@
+package tollgate
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// adminAPI is the admin.api.rate_limit module: routes under /rate_limit/
+// on Caddy's admin endpoint to inspect and operate the rate limits of the
+// running config.
+type adminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Routes implements caddy.AdminRouter.
+func (a adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/rate_limit/status", Handler: locked(a.status)},
+		{Pattern: "/rate_limit/policies", Handler: locked(a.policies)},
+		{Pattern: "/rate_limit/usage", Handler: locked(a.usage)},
+		{Pattern: "/rate_limit/reset", Handler: locked(a.reset)},
+		{Pattern: "/rate_limit/overrides", Handler: locked(a.overrides)},
+		{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.notFound)},
+	}
+}
+
+// locked runs f while the handler registry is read-locked: a handler
+// being cleaned up (which unregisters it first) waits for the admin
+// requests that may use it.
+func locked(f caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		handlersMu.RLock()
+		defer handlersMu.RUnlock()
+		return f(w, r)
+	}
+}
+
+var _ caddy.AdminRouter = adminAPI{}
+
+// handlers is every provisioned rate_limit handler, in provisioning order.
+// During a reload the old and the new config's handlers are both present
+// until the old ones are cleaned up.
+var (
+	handlersMu sync.RWMutex
+	handlers   []*Handler
+)
+
+func registerHandler(h *Handler) {
+	handlersMu.Lock()
+	defer handlersMu.Unlock()
+	handlers = append(handlers, h)
+}
+
+func unregisterHandler(h *Handler) {
+	handlersMu.Lock()
+	defer handlersMu.Unlock()
+	for i, x := range handlers {
+		if x == h {
+			handlers = append(handlers[:i], handlers[i+1:]...)
+			return
+		}
+	}
+}
+
+// liveHandlers returns the registered handlers; call it under
+// handlersMu.RLock (the routes do, see locked).
+func liveHandlers() []*Handler {
+	return handlers
+}
+
+func apiError(code int, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return caddy.APIError{HTTPStatus: code, Err: err, Message: err.Error()}
+}
+
+func requireMethod(r *http.Request, methods ...string) error {
+	for _, m := range methods {
+		if r.Method == m {
+			return nil
+		}
+	}
+	return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use %v", r.Method, methods)
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func (adminAPI) notFound(w http.ResponseWriter, r *http.Request) error {
+	return apiError(http.StatusNotFound, "no such rate_limit route: %s", r.URL.Path)
+}
+
+func (h *Handler) storeKind() string {
+	if h.Redis != nil {
+		return "redis"
+	}
+	return "memory"
+}
+
+type policyStatus struct {
+	Name      string `json:"name"`
+	Algorithm string `json:"algorithm"`
+	Limit     int64  `json:"limit"`
+	Window    string `json:"window,omitempty"`
+	Burst     int64  `json:"burst,omitempty"`
+	Shadow    bool   `json:"shadow,omitempty"`
+	FailMode  string `json:"fail_mode"`
+}
+
+type handlerStatus struct {
+	Store       string         `json:"store"`
+	KeyPrefix   string         `json:"key_prefix,omitempty"`
+	BreakerOpen bool           `json:"breaker_open"`
+	Instances   int            `json:"live_instances"`
+	Policies    []policyStatus `json:"policies"`
+}
+
+func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
+	if err := requireMethod(r, http.MethodGet); err != nil {
+		return err
+	}
+	out := struct {
+		Handlers []handlerStatus `json:"handlers"`
+	}{Handlers: []handlerStatus{}}
+	for _, h := range liveHandlers() {
+		hs := handlerStatus{Store: h.storeKind(), Instances: 1, Policies: []policyStatus{}}
+		if b := h.backend; b != nil {
+			hs.KeyPrefix = b.overrides.prefix
+			hs.BreakerOpen = b.store.Open()
+			hs.Instances = b.registry.Count()
+		}
+		for _, p := range h.policies {
+			ps := policyStatus{
+				Name:      p.policy.Name,
+				Algorithm: p.policy.Algorithm.String(),
+				Limit:     p.policy.Limit.Limit,
+				Burst:     p.policy.Limit.Burst,
+				Shadow:    p.policy.Limit.Shadow,
+				FailMode:  p.policy.FailMode.String(),
+			}
+			if p.policy.Limit.Window > 0 {
+				ps.Window = p.policy.Limit.Window.String()
+			}
+			hs.Policies = append(hs.Policies, ps)
+		}
+		out.Handlers = append(out.Handlers, hs)
+	}
+	return writeJSON(w, out)
+}
+
+// effective is one policy's limit for a tenant.
+type effective struct {
+	Policy    string `json:"policy"`
+	Algorithm string `json:"algorithm"`
+	Limit     int64  `json:"limit,omitempty"`
+	Window    string `json:"window,omitempty"`
+	Burst     int64  `json:"burst,omitempty"`
+	Unlimited bool   `json:"unlimited,omitempty"`
+	Shadow    bool   `json:"shadow,omitempty"`
+	FailMode  string `json:"fail_mode"`
+	Source    string `json:"source"`
+	Store     string `json:"store"`
+	// Usage fields (usage route only).
+	Remaining *int64   `json:"remaining,omitempty"`
+	Reset     *float64 `json:"reset,omitempty"`
+}
+
+// tenantQuery reads tenant (required), tier and policy.
+func tenantQuery(r *http.Request) (tenant, tier, policy string, err error) {
+	q := r.URL.Query()
+	tenant = q.Get("tenant")
+	if tenant == "" {
+		return "", "", "", apiError(http.StatusBadRequest, "missing query parameter: tenant")
+	}
+	return tenant, q.Get("tier"), q.Get("policy"), nil
+}
+
+// tierOf is the tier of tenant as tenant_tiers says, else the tier given.
+func (h *Handler) tierOf(tenant, given string) (string, string) {
+	if t, ok := h.TenantTiers[tenant]; ok {
+		return t, "tenant_tiers"
+	}
+	if given != "" {
+		return given, "query"
+	}
+	return "", ""
+}
+
+// resolve returns the limit of tenant in p as a request would see it.
+func (h *Handler) resolve(p *policyRuntime, tenant, tier string) (limiter.Limit, limiter.Source) {
+	if l, ok := h.overrides.Lookup(p.policy, tenant); ok {
+		return l, limiter.SourceRuntimeOverride
+	}
+	return p.policy.Resolve(tenant, tier)
+}
+
+func (h *Handler) effectiveOf(p *policyRuntime, tenant, tier string) (effective, limiter.Limit) {
+	l, src := h.resolve(p, tenant, tier)
+	e := effective{
+		Policy:    p.policy.Name,
+		Algorithm: p.policy.Algorithm.String(),
+		Unlimited: l.Unlimited,
+		Shadow:    l.Shadow,
+		FailMode:  p.policy.FailMode.String(),
+		Source:    src.String(),
+		Store:     h.storeKind(),
+	}
+	if !l.Unlimited {
+		e.Limit, e.Burst = l.Limit, l.Burst
+		if l.Window > 0 {
+			e.Window = l.Window.String()
+		}
+	}
+	return e, l
+}
+
+// selectPolicies returns the (handler, policy) pairs named policy (all
+// when empty); 400 when a name matches nothing.
+func selectPolicies(policy string) ([]*Handler, [][]*policyRuntime, error) {
+	var hs []*Handler
+	var ps [][]*policyRuntime
+	found := false
+	for _, h := range liveHandlers() {
+		var sel []*policyRuntime
+		for _, p := range h.policies {
+			if policy == "" || p.policy.Name == policy {
+				sel = append(sel, p)
+				found = true
+			}
+		}
+		hs, ps = append(hs, h), append(ps, sel)
+	}
+	if policy != "" && !found {
+		return nil, nil, apiError(http.StatusBadRequest, "unknown policy %q", policy)
+	}
+	return hs, ps, nil
+}
+
+type tenantReport struct {
+	Tenant     string      `json:"tenant"`
+	Tier       string      `json:"tier,omitempty"`
+	TierSource string      `json:"tier_source,omitempty"`
+	Note       string      `json:"note,omitempty"`
+	Policies   []effective `json:"policies"`
+}
+
+const tierNote = "a tier from the tier placeholder needs a request; pass &tier=<name> to see that tier's limits"
+
+func (adminAPI) policies(w http.ResponseWriter, r *http.Request) error {
+	return tenantRoute(w, r, false)
+}
+
+func (adminAPI) usage(w http.ResponseWriter, r *http.Request) error {
+	return tenantRoute(w, r, true)
+}
+
+func tenantRoute(w http.ResponseWriter, r *http.Request, usage bool) error {
+	if err := requireMethod(r, http.MethodGet); err != nil {
+		return err
+	}
+	tenant, givenTier, policy, err := tenantQuery(r)
+	if err != nil {
+		return err
+	}
+	hs, ps, err := selectPolicies(policy)
+	if err != nil {
+		return err
+	}
+	part := r.URL.Query().Get("key")
+	rep := tenantReport{Tenant: tenant, Policies: []effective{}}
+	for i, h := range hs {
+		tier, tierSrc := h.tierOf(tenant, givenTier)
+		if tier != "" {
+			rep.Tier, rep.TierSource = tier, tierSrc
+		} else if h.Tier != "" {
+			rep.Note = tierNote
+		}
+		for _, p := range ps[i] {
+			e, l := h.effectiveOf(p, tenant, tier)
+			if usage {
+				if err := h.peek(r, p, tenant, part, l, &e); err != nil {
+					return apiError(http.StatusServiceUnavailable, "reading usage of policy %s: %v", p.policy.Name, err)
+				}
+			}
+			rep.Policies = append(rep.Policies, e)
+		}
+	}
+	return writeJSON(w, rep)
+}
+
+// peek fills the remaining budget and reset of e without charging: the
+// store is asked with cost 0.
+func (h *Handler) peek(r *http.Request, p *policyRuntime, tenant, part string, l limiter.Limit, e *effective) error {
+	if l.Unlimited {
+		return nil
+	}
+	checks := []limiter.Check{{
+		Algorithm: p.policy.Algorithm,
+		Tenant:    tenant,
+		Policy:    p.policy.Name,
+		Part:      part,
+		Rate:      l.Rate,
+		Cost:      0,
+		Shadow:    l.Shadow,
+	}}
+	results := make([]limiter.Result, 1)
+	if err := h.store.Peek(r.Context(), checks, results); err != nil {
+		return err
+	}
+	rem := results[0].Remaining
+	reset := results[0].Reset.Seconds()
+	e.Remaining, e.Reset = &rem, &reset
+	return nil
+}
+
+func (adminAPI) reset(w http.ResponseWriter, r *http.Request) error {
+	if err := requireMethod(r, http.MethodPost); err != nil {
+		return err
+	}
+	tenant, _, policy, err := tenantQuery(r)
+	if err != nil {
+		return err
+	}
+	hs, ps, err := selectPolicies(policy)
+	if err != nil {
+		return err
+	}
+	done := map[limiter.Store]bool{}
+	for i, h := range hs {
+		if len(ps[i]) == 0 || done[h.store] {
+			continue
+		}
+		done[h.store] = true
+		if err := h.store.Reset(r.Context(), tenant, policy); err != nil {
+			return apiError(http.StatusServiceUnavailable, "resetting: %v", err)
+		}
+	}
+	return writeJSON(w, map[string]any{"tenant": tenant, "policy": policy, "reset": true})
+}
+
+// overrideTarget is a store of runtime overrides and the handlers that
+// use it.
+type overrideTarget struct {
+	table *overrideTable
+	redis *redisOverrides
+}
+
+// overrideTargets returns the distinct override stores of handlers that
+// have policy (any policy when empty), and the policy itself for
+// validation.
+func overrideTargets(policy string) ([]overrideTarget, []*limiter.Policy) {
+	seen := map[*overrideTable]bool{}
+	var out []overrideTarget
+	var pols []*limiter.Policy
+	for _, h := range liveHandlers() {
+		for _, p := range h.policies {
+			if policy != "" && p.policy.Name != policy {
+				continue
+			}
+			pols = append(pols, p.policy)
+			if seen[h.overrides] {
+				continue
+			}
+			seen[h.overrides] = true
+			t := overrideTarget{table: h.overrides}
+			if h.backend != nil {
+				t.redis = h.backend.overrides
+			}
+			out = append(out, t)
+		}
+	}
+	return out, pols
+}
+
+func (adminAPI) overrides(w http.ResponseWriter, r *http.Request) error {
+	switch r.Method {
+	case http.MethodGet:
+		q := r.URL.Query()
+		targets, _ := overrideTargets("")
+		all := []runtimeOverride{}
+		seen := map[overrideKey]bool{}
+		for _, t := range targets {
+			for _, o := range t.table.list(q.Get("tenant")) {
+				k := overrideKey{o.Tenant, o.Policy}
+				if (q.Get("policy") == "" || o.Policy == q.Get("policy")) && !seen[k] {
+					seen[k] = true
+					all = append(all, o)
+				}
+			}
+		}
+		sortOverrides(all)
+		return writeJSON(w, map[string]any{"overrides": all})
+	case http.MethodPut, http.MethodPost:
+		return putOverride(w, r)
+	case http.MethodDelete:
+		return deleteOverride(w, r)
+	}
+	return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use GET, PUT or DELETE", r.Method)
+}
+
+func putOverride(w http.ResponseWriter, r *http.Request) error {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+	if err != nil {
+		return apiError(http.StatusBadRequest, "reading body: %v", err)
+	}
+	var j overrideJSON
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return apiError(http.StatusBadRequest, "malformed JSON: %v", err)
+	}
+	if j.Tenant == "" || j.Policy == "" {
+		return apiError(http.StatusBadRequest, "tenant and policy are required")
+	}
+	o, err := j.parse(time.Now())
+	if err != nil {
+		return apiError(http.StatusBadRequest, "%v", err)
+	}
+	if !o.Unlimited && o.MaxEvents == 0 {
+		return apiError(http.StatusBadRequest, "max_events is required (a positive integer) unless unlimited")
+	}
+	if !o.Expires.IsZero() && !o.Expires.After(time.Now()) {
+		return apiError(http.StatusBadRequest, "expires is in the past")
+	}
+	targets, pols := overrideTargets(o.Policy)
+	if len(pols) == 0 {
+		return apiError(http.StatusBadRequest, "unknown policy %q", o.Policy)
+	}
+	for _, p := range pols {
+		if err := p.ValidateLimit(o.limit(p)); err != nil {
+			return apiError(http.StatusBadRequest, "policy %s: %v", p.Name, err)
+		}
+	}
+	var old runtimeOverride
+	var had bool
+	for _, t := range targets {
+		if o2, h2, err := t.apply(r, o.Tenant, o.Policy, &o); err != nil {
+			return apiError(http.StatusServiceUnavailable, "storing override: %v", err)
+		} else if h2 {
+			old, had = o2, true
+		}
+	}
+	res := map[string]any{"override": o}
+	if had {
+		res["previous"] = old
+	}
+	return writeJSON(w, res)
+}
+
+func deleteOverride(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	tenant, policy := q.Get("tenant"), q.Get("policy")
+	if tenant == "" || policy == "" {
+		var j overrideJSON
+		if body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<16)); len(body) > 0 {
+			if err := json.Unmarshal(body, &j); err != nil {
+				return apiError(http.StatusBadRequest, "malformed JSON: %v", err)
+			}
+		}
+		if tenant == "" {
+			tenant = j.Tenant
+		}
+		if policy == "" {
+			policy = j.Policy
+		}
+	}
+	if tenant == "" || policy == "" {
+		return apiError(http.StatusBadRequest, "tenant and policy are required")
+	}
+	targets, pols := overrideTargets(policy)
+	if len(pols) == 0 {
+		return apiError(http.StatusBadRequest, "unknown policy %q", policy)
+	}
+	found := false
+	for _, t := range targets {
+		_, had, err := t.apply(r, tenant, policy, nil)
+		if err != nil {
+			return apiError(http.StatusServiceUnavailable, "deleting override: %v", err)
+		}
+		found = found || had
+	}
+	if !found {
+		return apiError(http.StatusNotFound, "no runtime override for tenant %q in policy %q", tenant, policy)
+	}
+	return writeJSON(w, map[string]any{"deleted": true, "tenant": tenant, "policy": policy})
+}
+
+// apply stores o (nil: deletes) in the target.
+func (t overrideTarget) apply(r *http.Request, tenant, policy string, o *runtimeOverride) (runtimeOverride, bool, error) {
+	if t.redis != nil {
+		return t.redis.store(r.Context(), tenant, policy, o, r.RemoteAddr)
+	}
+	old, had := t.table.set(tenant, policy, o)
+	if had && old.expired(time.Now()) {
+		had = false
+	}
+	return old, had, nil
+}
