@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -39,6 +40,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit/usage", Handler: locked(a.usage)},
 		{Pattern: "/rate_limit/reset", Handler: locked(a.reset)},
 		{Pattern: "/rate_limit/overrides", Handler: locked(a.overrides)},
+		{Pattern: "/rate_limit/denials", Handler: locked(a.denials)},
 		{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.notFound)},
 	}
 }
@@ -356,8 +358,62 @@ func (adminAPI) reset(w http.ResponseWriter, r *http.Request) error {
 		if err := h.store.Reset(r.Context(), tenant, policy); err != nil {
 			return apiError(http.StatusServiceUnavailable, "resetting: %v", err)
 		}
+		if h.backend != nil {
+			h.backend.overrides.audit(r.Context(), "reset", tenant, policy, "", "", r.RemoteAddr)
+		}
 	}
 	return writeJSON(w, map[string]any{"tenant": tenant, "policy": policy, "reset": true})
+}
+
+// Limits of GET /rate_limit/denials: entries returned, and entries of the
+// stream scanned (newest first) to find them.
+const (
+	defaultDenials    = 100
+	maxDenials        = 1000
+	maxDenialsScanned = 20000
+)
+
+// denials returns the newest entries of the denial stream(s) for a
+// tenant: GET /rate_limit/denials?tenant=T&count=N.
+func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
+	if err := requireMethod(r, http.MethodGet); err != nil {
+		return err
+	}
+	tenant := r.URL.Query().Get("tenant")
+	if tenant == "" {
+		return apiError(http.StatusBadRequest, "tenant: required, e.g. ?tenant=acme")
+	}
+	count := defaultDenials
+	if c := r.URL.Query().Get("count"); c != "" {
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 || n > maxDenials {
+			return apiError(http.StatusBadRequest, "count: %q is not an integer from 1 to %d", c, maxDenials)
+		}
+		count = n
+	}
+	// Entries store the tenant cut as in logs.
+	want := loggable(tenant)
+	seen := map[*redisBackend]bool{}
+	out := []map[string]any{}
+	for _, h := range liveHandlers() {
+		b := h.backend
+		if b == nil || seen[b] {
+			continue
+		}
+		seen[b] = true
+		entries, err := b.recentDenials(r.Context(), want, count-len(out))
+		if err != nil {
+			return apiError(http.StatusServiceUnavailable, "reading the denial stream: %v", err)
+		}
+		out = append(out, entries...)
+		if len(out) >= count {
+			break
+		}
+	}
+	if len(seen) == 0 {
+		return apiError(http.StatusNotFound, "denials: no handler uses a redis block, so there is no denial stream")
+	}
+	return writeJSON(w, map[string]any{"tenant": tenant, "denials": out})
 }
 
 // overrideTarget is a store of runtime overrides and the handlers that

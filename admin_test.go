@@ -331,7 +331,8 @@ func TestAdminOverridesRedis(t *testing.T) {
 			}
 		}
 	}
-	if strings.Join(actions, ",") != "set,set,delete" {
+	// set, replace, delete, and the reset of the tenant (audited too).
+	if strings.Join(actions, ",") != "set,set,delete,reset" {
 		t.Fatalf("audit actions: %v", actions)
 	}
 
@@ -402,5 +403,62 @@ http://127.0.0.1:{PORT} {
 	within("B drops the override", func() bool { return source(b) == "policy" })
 	if c := b.statuses(5, "/", "X-Tenant", "fleet"); c[200] != 5 {
 		t.Fatalf("B after DELETE: %v", c)
+	}
+}
+
+// TestAdminDenialsAndResetAudit: GET /rate_limit/denials returns a
+// tenant's newest denials from the stream; a reset is audited.
+func TestAdminDenialsAndResetAudit(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := startCaddyAdmin(t, "", fmt.Sprintf(`
+	rate_limit {
+		redis {
+			address %s
+		}
+		denials_stream
+		tenant {http.request.header.X-Tenant}
+		policy api {
+			limit 1
+			window 1h
+		}
+	}
+	respond "ok"`, srv.Addr), nil)
+	// acme: 1 admitted, 4 denied; globex: 1 admitted, 2 denied.
+	s.statuses(5, "/", "X-Tenant", "acme")
+	s.statuses(3, "/", "X-Tenant", "globex")
+	var entries []any
+	waitFor(t, func() bool {
+		m := s.adminOK(http.MethodGet, "/rate_limit/denials?tenant=acme&count=3", "")
+		entries, _ = m["denials"].([]any)
+		return len(entries) == 3
+	})
+	prevID := ""
+	for _, e := range entries {
+		m := e.(map[string]any)
+		if m["tenant"] != "acme" || m["policy"] != "api" || m["limit"] != "1" || m["id"] == "" {
+			t.Errorf("denial entry %v", m)
+		}
+		if id := m["id"].(string); prevID != "" && id >= prevID {
+			t.Errorf("entries not newest first: %s after %s", id, prevID)
+		} else {
+			prevID = id
+		}
+	}
+	if m := s.adminOK(http.MethodGet, "/rate_limit/denials?tenant=globex", ""); len(m["denials"].([]any)) != 2 {
+		t.Errorf("globex denials: %v, want 2", m["denials"])
+	}
+	for _, bad := range []string{"/rate_limit/denials", "/rate_limit/denials?tenant=acme&count=0", "/rate_limit/denials?tenant=acme&count=x"} {
+		if code, m := s.adminCall(http.MethodGet, bad, ""); code != http.StatusBadRequest || m["error"] == nil {
+			t.Errorf("GET %s: %d %v, want 400 with an error", bad, code, m)
+		}
+	}
+
+	s.adminOK(http.MethodPost, "/rate_limit/reset?tenant=acme", "")
+	if r := s.get("/", "X-Tenant", "acme"); r.status != 200 {
+		t.Errorf("after reset: %d, want 200", r.status)
+	}
+	audit := srv.CLI(t, "XRANGE", "rl:audit", "-", "+")
+	if !strings.Contains(audit, "reset") || !strings.Contains(audit, "acme") {
+		t.Errorf("audit stream lacks the reset: %q", audit)
 	}
 }

@@ -347,3 +347,37 @@ func countDropped(reason dropReason, n int) {
 		dropCounters()[reason].Add(float64(n))
 	}
 }
+
+// recentDenials returns up to n entries of tenant (as stored, i.e. cut
+// like in logs) from the backend's denial stream, newest first, scanning
+// at most maxDenialsScanned entries.
+func (b *redisBackend) recentDenials(ctx context.Context, tenant string, n int) ([]map[string]any, error) {
+	key, client := b.denials.key, b.denials.client
+	var out []map[string]any
+	end := "+"
+	for scanned := 0; scanned < maxDenialsScanned && len(out) < n; {
+		page, err := client.XRevRangeN(ctx, key, end, "-", 1000).Result()
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range page {
+			if m.Values["tenant"] == tenant {
+				e := map[string]any{"id": m.ID}
+				for k, v := range m.Values {
+					e[k] = v
+				}
+				out = append(out, e)
+				if len(out) == n {
+					break
+				}
+			}
+		}
+		scanned += len(page)
+		if len(page) < 1000 {
+			break
+		}
+		// Continue below the oldest entry of this page.
+		end = "(" + page[len(page)-1].ID
+	}
+	return out, nil
+}

@@ -360,18 +360,27 @@ func (r *redisOverrides) store(ctx context.Context, tenant, policy string, o *ru
 	if err := r.client.Publish(ctx, r.channel(), tenant).Err(); err != nil {
 		r.logger.Warn("publishing runtime override change", zap.Error(err))
 	}
-	err = r.client.XAdd(ctx, &redis.XAddArgs{
+	r.audit(ctx, action, tenant, policy, prev, newJSON, remote)
+	return old, had, nil
+}
+
+// auditMaxLen caps the audit stream (approximately).
+const auditMaxLen = 10000
+
+// audit appends one change to <prefix>:audit. A failure is logged: the
+// change itself has been made.
+func (r *redisOverrides) audit(ctx context.Context, action, tenant, policy, old, new, remote string) {
+	err := r.client.XAdd(ctx, &redis.XAddArgs{
 		Stream: r.prefix + ":audit",
-		MaxLen: 10000,
+		MaxLen: auditMaxLen,
 		Approx: true,
 		Values: []any{
 			"ts", time.Now().UTC().Format(time.RFC3339Nano),
 			"action", action, "tenant", tenant, "policy", policy,
-			"old", prev, "new", newJSON, "remote", remote,
+			"old", old, "new", new, "remote", remote,
 		},
 	}).Err()
 	if err != nil {
 		r.logger.Warn("appending to the audit stream", zap.Error(err))
 	}
-	return old, had, nil
 }
