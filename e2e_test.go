@@ -317,15 +317,7 @@ func TestE2EShadow(t *testing.T) {
 		}
 	}
 	// The access log line is written after the response; wait for all.
-	waitFor(t, func() bool {
-		n := 0
-		for _, l := range readJSONLines(t, accessFile) {
-			if strings.Contains(string(l), "rate_limit_shadow_denied") {
-				n++
-			}
-		}
-		return n >= 5
-	})
+	waitFor(t, func() bool { return countLogLines(t, accessFile, "rate_limit_shadow_denied") >= 5 })
 
 	type line struct {
 		Msg        string `json:"msg"`
@@ -390,6 +382,19 @@ func TestE2EHandlerShadow(t *testing.T) {
 	if r := s.get("/"); r.header.Get("RateLimit") != "" || r.header.Get("X-RateLimit-Remaining") != "" {
 		t.Errorf("shadow-only handler wrote rate limit headers: %v", r.header)
 	}
+}
+
+// countLogLines counts the lines of the log file at path that contain
+// substr.
+func countLogLines(t *testing.T, path, substr string) int {
+	t.Helper()
+	n := 0
+	for _, l := range readJSONLines(t, path) {
+		if strings.Contains(string(l), substr) {
+			n++
+		}
+	}
+	return n
 }
 
 func readJSONLines(t *testing.T, path string) [][]byte {

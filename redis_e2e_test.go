@@ -209,15 +209,8 @@ func TestRedisDownFailModes(t *testing.T) {
 		t.Errorf("caddy_rate_limit_breaker_open = %s after recovery, want 0", g)
 	}
 	time.Sleep(100 * time.Millisecond)
-	opened, closed := 0, 0
-	for _, l := range readJSONLines(t, logFile) {
-		switch {
-		case strings.Contains(string(l), "circuit breaker open"):
-			opened++
-		case strings.Contains(string(l), "circuit breaker closed"):
-			closed++
-		}
-	}
+	opened := countLogLines(t, logFile, "circuit breaker open")
+	closed := countLogLines(t, logFile, "circuit breaker closed")
 	// The three routes share one backend: one breaker, one line each way.
 	if opened != 1 || closed != 1 {
 		t.Errorf("breaker log lines: %d open, %d closed; want 1 and 1", opened, closed)
@@ -226,12 +219,7 @@ func TestRedisDownFailModes(t *testing.T) {
 	// Recovery accounting: the 7 units admitted locally are charged to
 	// the (restarted, empty) Redis, so acme has 3 left, not a fresh 10.
 	waitFor(t, func() bool {
-		for _, l := range readJSONLines(t, logFile) {
-			if strings.Contains(string(l), "charged Redis for units admitted during the outage") {
-				return true
-			}
-		}
-		return false
+		return countLogLines(t, logFile, "charged Redis for units admitted during the outage") > 0
 	})
 	if c := s.statuses(5, "/local", "X-Tenant", "acme"); c[200] != 3 || c[429] != 2 {
 		t.Errorf("after recovery: %v, want 3 x 200 and 2 x 429 (outage units charged back)", c)
