@@ -3,12 +3,14 @@ package tollgate
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -166,6 +168,14 @@ func (s *caddyServer) do(ctx context.Context, path string, headerPairs ...string
 		req.Header.Set(headerPairs[i], headerPairs[i+1])
 	}
 	res, err := testClient.Do(req)
+	// Right after a config reload, the previous server may accept a new
+	// connection and drop it before reading the request (no handler saw
+	// it): retry those, on fresh connections.
+	for retry := 0; err != nil && droppedBeforeRequest(err) && retry < 5; retry++ {
+		time.Sleep(20 * time.Millisecond)
+		testClient.CloseIdleConnections()
+		res, err = testClient.Do(req)
+	}
 	if err != nil {
 		s.t.Fatalf("GET %s: %v", path, err)
 	}
@@ -246,4 +256,10 @@ func waitFor(t testing.TB, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// droppedBeforeRequest reports whether err is a connection the server
+// reset or closed without answering.
+func droppedBeforeRequest(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)
 }
