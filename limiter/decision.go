@@ -81,7 +81,7 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 			d.Verdicts[i].Result = Result{Allowed: true, Remaining: -1}
 			continue
 		}
-		d.checks = append(d.checks, Check{
+		c := Check{
 			Algorithm: it.Policy.Algorithm,
 			Tenant:    it.Tenant,
 			Policy:    it.Policy.Name,
@@ -89,7 +89,13 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 			Rate:      limit.Rate,
 			Cost:      it.Cost,
 			Shadow:    limit.Shadow,
-		})
+		}
+		if !limit.Shadow && it.Policy.Algorithm.SupportsLease() {
+			// Shadow checks are never leased, so their would-deny logs
+			// stay exact.
+			c.Lease = it.Policy.Lease
+		}
+		d.checks = append(d.checks, c)
 		d.counted = append(d.counted, i)
 	}
 	if len(d.checks) == 0 {

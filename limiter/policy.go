@@ -52,6 +52,9 @@ type Policy struct {
 	Overrides map[string]Limit
 	// FailMode decides the policy's requests while its store fails.
 	FailMode FailMode
+	// Lease lets a LeaseStore serve the policy's enforced checks from
+	// locally leased units. Ignored when Algorithm cannot lease.
+	Lease Lease
 }
 
 // Resolve returns the limit that applies to tenant (whose tier is tier) and

@@ -417,6 +417,17 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 	} else {
 		sc.args = append(sc.args[:0], nowArg, strconv.FormatInt(at, 10))
 	}
+	keys := sc.appendCheckArgs(checks, idx)
+	reply, err := s.eval(ctx, script, keys, sc.args)
+	if err != nil {
+		return false, 0, err
+	}
+	return parseReply(reply, idx, results)
+}
+
+// appendCheckArgs appends the arguments of the checks idx to sc.args and
+// returns their keys.
+func (sc *redisScratch) appendCheckArgs(checks []Check, idx []int) []string {
 	// nums must not move once pointers into it are taken.
 	n := checkNums * len(idx)
 	if cap(sc.nums) < n {
@@ -449,18 +460,25 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 		// numbers.
 		sc.args = append(sc.args, argAlgo[c.Algorithm], &v[0], &v[1], &v[2], &v[3], &v[4], argShadow[shadow])
 	}
-	reply, err := s.eval(ctx, script, keys, sc.args)
-	if err != nil {
-		return false, 0, err
-	}
-	return parseReply(reply, idx, results)
+	return keys
 }
 
 // parseReply reads {admitted, now, (allowed, remaining, retry_us, reset_us)...}.
 func parseReply(reply any, idx []int, results []Result) (bool, int64, error) {
+	var head [2]int64
+	if err := parseResults(reply, head[:], idx, results); err != nil {
+		return false, 0, err
+	}
+	return head[0] == 1, head[1], nil
+}
+
+// parseResults reads a script reply made of len(head) integers, stored in
+// head, then (allowed, remaining, retry_us, reset_us) for each check of idx.
+func parseResults(reply any, head []int64, idx []int, results []Result) error {
 	arr, ok := reply.([]any)
-	if !ok || len(arr) != 2+4*len(idx) {
-		return false, 0, fmt.Errorf("limiter: unexpected reply from the Redis script: %T of length %d", reply, len(arr))
+	h := len(head)
+	if !ok || len(arr) != h+4*len(idx) {
+		return fmt.Errorf("limiter: unexpected reply from the Redis script: %T of length %d", reply, len(arr))
 	}
 	var bad bool
 	num := func(v any) int64 {
@@ -470,10 +488,11 @@ func parseReply(reply any, idx []int, results []Result) (bool, int64, error) {
 		}
 		return n
 	}
-	admitted := num(arr[0]) == 1
-	now := num(arr[1])
+	for i := range head {
+		head[i] = num(arr[i])
+	}
 	for j, i := range idx {
-		r := arr[2+4*j : 6+4*j]
+		r := arr[h+4*j : h+4+4*j]
 		results[i] = Result{
 			Allowed:    num(r[0]) == 1,
 			Remaining:  num(r[1]),
@@ -482,9 +501,9 @@ func parseReply(reply any, idx []int, results []Result) (bool, int64, error) {
 		}
 	}
 	if bad {
-		return false, 0, errors.New("limiter: unexpected reply from the Redis script: not an integer")
+		return errors.New("limiter: unexpected reply from the Redis script: not an integer")
 	}
-	return admitted, now, nil
+	return nil
 }
 
 // eval runs script with EVALSHA and, when Redis does not know it

@@ -41,6 +41,9 @@ type Check struct {
 	// Shadow checks never block the request; they are charged only when
 	// they would allow it themselves.
 	Shadow bool
+	// Lease lets a LeaseStore serve this check from locally leased units.
+	// Other stores ignore it.
+	Lease Lease
 }
 
 // Result is a store's answer for one Check.
@@ -57,7 +60,25 @@ type Result struct {
 	// Reset is how long until the bucket has more quota than Remaining;
 	// zero when it is already full.
 	Reset time.Duration
+	// From says who answered: the store itself, a local lease or the local
+	// denial cache (see LeaseStore).
+	From Origin
 }
+
+// Origin says who answered a check.
+type Origin uint8
+
+// Origins of a Result.
+const (
+	// OriginStore: the store decided (for a RedisStore, one script call).
+	OriginStore Origin = iota
+	// OriginLease: served from units this instance had leased; Remaining
+	// and Reset are the store's last answer plus the units still leased.
+	OriginLease
+	// OriginDenialCache: denied locally because the store denied the same
+	// request earlier and its Retry-After has not passed.
+	OriginDenialCache
+)
 
 // Store keeps bucket state and decides requests atomically.
 //

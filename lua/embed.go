@@ -9,7 +9,7 @@
 // EVALSHA.
 //
 // The argument and reply layouts are documented at the top of decide.lua,
-// refund.lua, release.lua and heartbeat.lua.
+// refund.lua, lease.lua, release.lua and heartbeat.lua.
 package lua
 
 import _ "embed"
@@ -33,6 +33,8 @@ var (
 	decide string
 	//go:embed refund.lua
 	refund string
+	//go:embed lease.lua
+	lease string
 	//go:embed release.lua
 	release string
 	//go:embed heartbeat.lua
@@ -50,6 +52,9 @@ var (
 	// Refund gives back what a Decide charged: common.lua, the algorithms
 	// and refund.lua. Used only across Redis Cluster slots.
 	Refund = algorithms + refund
+	// Lease gives back what is left of a lease and takes a new one:
+	// common.lua, the algorithms and lease.lua.
+	Lease = algorithms + lease
 	// Release gives back concurrency slots: release.lua.
 	Release = release
 	// Heartbeat registers a live instance in the <prefix>:instances sorted

@@ -1,0 +1,174 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tollgate/caddy-tollgate/lua"
+)
+
+// DefaultLeaseTTL is how long leased units may be served when a Lease does
+// not say.
+const DefaultLeaseTTL = time.Second
+
+// Lease lets an instance take a policy's units from the shared store ahead
+// of demand and serve them locally (see LeaseStore).
+type Lease struct {
+	// Max is the most requests one store call may cover; 0 disables
+	// leasing.
+	Max int64
+	// TTL is how long leased units may be served before what is left goes
+	// back; 0 means DefaultLeaseTTL.
+	TTL time.Duration
+}
+
+// Enabled reports whether l leases at all.
+func (l Lease) Enabled() bool { return l.Max > 0 }
+
+// ttl is TTL with its default.
+func (l Lease) ttl() time.Duration {
+	if l.TTL > 0 {
+		return l.TTL
+	}
+	return DefaultLeaseTTL
+}
+
+// ErrLeaseUnsupported is returned by a LeaseTaker that cannot lease the
+// given checks: an algorithm that cannot lease, checks whose buckets span
+// several Redis Cluster slots, or a store without leases.
+var ErrLeaseUnsupported = errors.New("limiter: these checks cannot be leased")
+
+// LeaseRequest asks a LeaseTaker to give back what is left of a lease and
+// to take a new one, in one call.
+type LeaseRequest struct {
+	// Checks are one request's checks; every algorithm must SupportsLease
+	// and each Cost is the units of one request. Shadow flags are ignored.
+	Checks []Check
+	// Want is how many requests the lease should cover; 0 only gives back.
+	Want int64
+	// Instances is the number of live instances sharing the budget; a
+	// bucket hands one lease at most remaining/(2 x Instances) of itself.
+	// Less than 1 means 1.
+	Instances int
+	// TTL caps LeaseGrant.Expires.
+	TTL time.Duration
+	// GiveBack is how many requests' worth of units (each check's Cost
+	// times GiveBack) of an earlier lease on the same checks go back
+	// first, and GiveBackAt that lease's LeaseGrant.At.
+	GiveBack   int64
+	GiveBackAt int64
+}
+
+// LeaseGrant is a LeaseTaker's answer.
+type LeaseGrant struct {
+	// Requests is how many requests' worth of units were taken from every
+	// bucket (each check's Cost times Requests). 0 with Want > 0 denies one
+	// request: the results then say why, as Decide would.
+	Requests int64
+	// At is the store's instant of the grant (µs), for GiveBackAt.
+	At int64
+	// Expires is how long the units may be served from now: TTL, cut at
+	// the end of the current window for window algorithms.
+	Expires time.Duration
+}
+
+// LeaseTaker is a store that can lease units. RedisStore and a
+// BreakerStore around one are LeaseTakers.
+type LeaseTaker interface {
+	// Lease gives back req.GiveBack and takes up to req.Want requests'
+	// worth of units from every bucket of req.Checks, all or nothing, and
+	// fills results: after a grant, each bucket's remaining quota without
+	// the leased units; after a denial, what Decide would answer.
+	Lease(ctx context.Context, req *LeaseRequest, results []Result) (LeaseGrant, error)
+}
+
+var (
+	leaseScript     = redis.NewScript(lua.Lease)
+	scriptLeaseTake = &redisScript{"lease", leaseScript, nil}
+	scriptLeaseGive = &redisScript{"lease_return", leaseScript, nil}
+
+	_ LeaseTaker = (*RedisStore)(nil)
+	_ LeaseTaker = (*BreakerStore)(nil)
+)
+
+// leaseLeadingArgs is the number of arguments of lease.lua before the
+// checks'.
+const leaseLeadingArgs = 6
+
+// Lease implements LeaseTaker with one script call (lua.Lease). In a
+// cluster the checks must share one slot (as they do when they share a
+// tenant); otherwise it returns ErrLeaseUnsupported. Observe sees the call
+// as script "lease", or "lease_return" when it only gives back.
+func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Result) (LeaseGrant, error) {
+	checks := req.Checks
+	if err := validateAll(checks, results); err != nil {
+		return LeaseGrant{}, err
+	}
+	if len(checks) == 0 || req.Want < 0 || req.GiveBack < 0 || req.Want > maxRedisNumber || req.GiveBack > maxRedisNumber {
+		return LeaseGrant{}, fmt.Errorf("%w: a lease needs checks and non-negative counts", errInvalidCheck)
+	}
+	for i := range checks {
+		c := &checks[i]
+		if !c.Algorithm.SupportsLease() {
+			return LeaseGrant{}, fmt.Errorf("%w: %s", ErrLeaseUnsupported, c.Algorithm)
+		}
+		if c.Cost > 0 && (req.Want+req.GiveBack) > maxRedisNumber/c.Cost {
+			return LeaseGrant{}, fmt.Errorf("%w: a lease of %d requests of cost %d exceeds 2^53", errInvalidCheck, req.Want+req.GiveBack, c.Cost)
+		}
+	}
+	sc := s.pool.Get().(*redisScratch)
+	defer s.pool.Put(sc)
+	if s.prepare(sc, checks) {
+		return LeaseGrant{}, fmt.Errorf("%w: the buckets span several cluster slots", ErrLeaseUnsupported)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+
+	var nowArg any = argZero
+	if s.now != nil {
+		nowArg = strconv.FormatInt(s.now(), 10)
+	}
+	ttl := req.TTL
+	if ttl <= 0 {
+		ttl = DefaultLeaseTTL
+	}
+	if need := leaseLeadingArgs + checkArgs*len(checks); cap(sc.args) < need {
+		sc.args = make([]any, 0, need)
+	}
+	sc.args = append(sc.args[:0], nowArg, req.Want, max(req.Instances, 1), micros(ttl), req.GiveBack, req.GiveBackAt)
+	keys := sc.appendCheckArgs(checks, sc.all)
+	script := scriptLeaseTake
+	if req.Want == 0 {
+		script = scriptLeaseGive
+	}
+	reply, err := s.eval(ctx, script, keys, sc.args)
+	if err != nil {
+		return LeaseGrant{}, err
+	}
+	var head [3]int64
+	if err := parseResults(reply, head[:], sc.all, results); err != nil {
+		return LeaseGrant{}, err
+	}
+	return LeaseGrant{Requests: head[0], At: head[1], Expires: fromMicros(head[2])}, nil
+}
+
+// Lease implements LeaseTaker when the inner store does; otherwise it
+// returns ErrLeaseUnsupported. A refused lease (ErrLeaseUnsupported) does
+// not count as a failure of the store.
+func (b *BreakerStore) Lease(ctx context.Context, req *LeaseRequest, results []Result) (LeaseGrant, error) {
+	lt, ok := b.inner.(LeaseTaker)
+	if !ok {
+		return LeaseGrant{}, ErrLeaseUnsupported
+	}
+	t, err := b.before()
+	if err != nil {
+		return LeaseGrant{}, err
+	}
+	g, err := lt.Lease(ctx, req, results)
+	b.after(ctx, t, err)
+	return g, err
+}

@@ -1,0 +1,709 @@
+package limiter
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// LeaseEvent names what happened to leased units, for
+// LeaseOptions.Observe and LeaseStats.
+type LeaseEvent uint8
+
+// Lease events. Every acquired unit ends up spent, returned or expired.
+const (
+	// LeaseAcquired: units taken from the shared store.
+	LeaseAcquired LeaseEvent = iota
+	// LeaseSpent: units served to a request.
+	LeaseSpent
+	// LeaseReturned: unused units given back to the shared store (lease
+	// expired, config reload, shutdown).
+	LeaseReturned
+	// LeaseExpired: unused units that could not be given back: the give
+	// back failed, the store was reset, or the store was not asked.
+	LeaseExpired
+	numLeaseEvents
+)
+
+var leaseEventNames = [numLeaseEvents]string{"acquired", "spent", "returned", "expired"}
+
+// String returns the event's metric label.
+func (e LeaseEvent) String() string {
+	if e < numLeaseEvents {
+		return leaseEventNames[e]
+	}
+	return "unknown"
+}
+
+// LeaseOptions configures NewLeaseStore.
+type LeaseOptions struct {
+	// Store decides what cannot be leased, and answers Peek, Release and
+	// Reset. Required.
+	Store Store
+	// Taker takes and gives back leases; typically the same store (a
+	// BreakerStore around a RedisStore). Required.
+	Taker LeaseTaker
+	// Instances returns the number of live instances sharing the budget;
+	// nil means 1.
+	Instances func() int
+	// Clock tells the time; nil means SystemClock.
+	Clock Clock
+	// SweepInterval is how often expired leases are given back and idle
+	// entries forgotten; 0 means 100ms, negative disables the sweeper
+	// (tests call Sweep).
+	SweepInterval time.Duration
+	// GiveBackTimeout bounds the give-backs of Close; 0 means 2s.
+	GiveBackTimeout time.Duration
+	// Observe, when not nil, counts units by policy and event. It is
+	// called on the request path for LeaseSpent: keep it cheap. Safe for
+	// concurrent use.
+	Observe func(policy string, event LeaseEvent, units int64)
+	// OnGiveBackError, when not nil, hears about give-backs that failed
+	// (their units count as expired).
+	OnGiveBackError func(error)
+}
+
+// LeaseStore is a Store that serves requests from units leased ahead of
+// demand (DESIGN §6), so most decisions of a busy tenant cost no store
+// call at all.
+//
+// A request is leased when every one of its checks has Lease enabled, an
+// algorithm that can lease, is not shadow and the checks have at least one
+// positive cost; any other request goes to the inner Store as it is. The
+// checks of a request (buckets, rates and costs) form one lease entry:
+//
+//   - Served from the lease: while the entry holds units that have not
+//     expired, a request takes one request's worth locally: no store call,
+//     no lock held across I/O.
+//   - Refill: otherwise one Taker.Lease call gives back what is left of an
+//     expired lease and takes up to Lease.Max requests' worth, sized to the
+//     entry's recent demand (requests over the last TTL, at least 1); the
+//     store caps it at remaining/(2 x instances). Concurrent requests of
+//     the entry wait for that one call (no stampede), then take from it.
+//   - Denial cache: when a refill is denied, the entry answers every
+//     request locally with the store's results (Retry-After counting down)
+//     until Retry-After has passed; the next request asks the store again.
+//   - Give back: the sweeper gives back the units of leases that expired
+//     unused; Close gives back every lease. Only a crash strands units: at
+//     most Lease.Max requests' worth per entry and instance.
+//
+// Leased units are charged in the shared store when taken, so a fleet of
+// instances never admits more than the limit. What leasing costs is
+// fairness near the limit (units sit on the instance that leased them)
+// and slightly stale headers: Remaining is the store's last answer plus
+// the units still leased here, Reset counts down from that answer.
+//
+// A Result served from a lease has From OriginLease; one from the denial
+// cache OriginDenialCache.
+type LeaseStore struct {
+	inner     Store
+	taker     LeaseTaker
+	instances func() int
+	clock     Clock
+	observe   func(string, LeaseEvent, int64)
+	onError   func(error)
+	giveBack  time.Duration
+
+	seed   maphash.Seed
+	shards [leaseShards]leaseShard
+	keys   sync.Pool // *[]byte
+
+	statsMu sync.Mutex
+	stats   map[string]*leaseCounters
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+var _ Store = (*LeaseStore)(nil)
+
+const leaseShards = 32
+
+type leaseShard struct {
+	mu sync.Mutex
+	m  map[string]*leaseEntry
+}
+
+// leaseCounters are a policy's lease units by event.
+type leaseCounters [numLeaseEvents]atomic.Int64
+
+// leaseFlight is a refill in progress; waiters block on done.
+type leaseFlight struct {
+	done chan struct{}
+	err  error
+}
+
+// leaseEntry is the lease state of one set of checks. Every field below
+// mu is guarded by it.
+type leaseEntry struct {
+	key      string
+	checks   []Check // a copy, for refills and give-backs
+	counters []*leaseCounters
+	max      int64
+	ttl      int64 // ns
+
+	mu    sync.Mutex
+	units int64 // requests' worth leased and not yet served
+	// expires (local ns) ends the lease; at is the store instant of the
+	// grant, for the give back.
+	expires int64
+	at      int64
+	// base holds the store's last results and baseAt (local ns) when they
+	// arrived; deniedUntil (local ns) ends the denial cache.
+	base        []Result
+	baseAt      int64
+	deniedUntil int64
+	flight      *leaseFlight
+	// Demand: requests in the current and previous ttl-long periods.
+	demandStart, demandCur, demandPrev int64
+	lastSeen                           int64
+	// unleasable: the taker refused these checks; decide them directly.
+	unleasable bool
+	// dead: forgotten by the store; look the checks up again.
+	dead bool
+}
+
+// NewLeaseStore returns a lease cache in front of opts.Store and starts
+// its sweeper. Close it to give every lease back.
+func NewLeaseStore(opts LeaseOptions) *LeaseStore {
+	if opts.Clock == nil {
+		opts.Clock = SystemClock{}
+	}
+	if opts.Instances == nil {
+		opts.Instances = func() int { return 1 }
+	}
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = 100 * time.Millisecond
+	}
+	if opts.GiveBackTimeout <= 0 {
+		opts.GiveBackTimeout = 2 * time.Second
+	}
+	s := &LeaseStore{
+		inner:     opts.Store,
+		taker:     opts.Taker,
+		instances: opts.Instances,
+		clock:     opts.Clock,
+		observe:   opts.Observe,
+		onError:   opts.OnGiveBackError,
+		giveBack:  opts.GiveBackTimeout,
+		seed:      maphash.MakeSeed(),
+		stats:     map[string]*leaseCounters{},
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].m = map[string]*leaseEntry{}
+	}
+	s.keys.New = func() any { b := make([]byte, 0, 128); return &b }
+	if opts.SweepInterval > 0 {
+		go s.sweepLoop(opts.SweepInterval)
+	} else {
+		close(s.done)
+	}
+	return s
+}
+
+// leasable reports whether the request of checks is served by leases.
+func leasable(checks []Check) bool {
+	if len(checks) == 0 {
+		return false
+	}
+	costly := false
+	for i := range checks {
+		c := &checks[i]
+		if !c.Lease.Enabled() || !c.Algorithm.SupportsLease() || c.Shadow || c.Cost < 0 {
+			return false
+		}
+		costly = costly || c.Cost > 0
+	}
+	return costly
+}
+
+// appendLeaseKey appends the identity of a lease entry: every check's
+// bucket, rate and cost, length-prefixed so no two differ only in how
+// their fields are split.
+func appendLeaseKey(b []byte, checks []Check) []byte {
+	for i := range checks {
+		c := &checks[i]
+		b = append(b, byte(c.Algorithm))
+		for _, f := range [...]string{c.Tenant, c.Policy, c.Part} {
+			b = binary.AppendUvarint(b, uint64(len(f)))
+			b = append(b, f...)
+		}
+		b = binary.AppendVarint(b, c.Cost)
+		b = binary.AppendVarint(b, c.Rate.Limit)
+		b = binary.AppendVarint(b, int64(c.Rate.Window))
+		b = binary.AppendVarint(b, c.Rate.Burst)
+	}
+	return b
+}
+
+// Decide implements Store: from the lease when it can, else with one
+// refill, else (not leasable) by the inner store.
+func (s *LeaseStore) Decide(ctx context.Context, checks []Check, results []Result) (bool, error) {
+	if s.closed.Load() || !leasable(checks) || len(results) < len(checks) {
+		return s.inner.Decide(ctx, checks, results)
+	}
+	for {
+		e := s.entry(checks)
+		admitted, retry, err := s.decideEntry(ctx, e, checks, results)
+		if !retry {
+			return admitted, err
+		}
+		if s.closed.Load() {
+			return s.inner.Decide(ctx, checks, results)
+		}
+	}
+}
+
+// entry finds or creates the entry of checks.
+func (s *LeaseStore) entry(checks []Check) *leaseEntry {
+	kb := s.keys.Get().(*[]byte)
+	*kb = appendLeaseKey((*kb)[:0], checks)
+	sh := &s.shards[maphash.Bytes(s.seed, *kb)%leaseShards]
+	sh.mu.Lock()
+	e := sh.m[string(*kb)]
+	if e == nil {
+		e = s.newEntry(string(*kb), checks)
+		sh.m[e.key] = e
+	}
+	sh.mu.Unlock()
+	s.keys.Put(kb)
+	return e
+}
+
+func (s *LeaseStore) newEntry(key string, checks []Check) *leaseEntry {
+	e := &leaseEntry{
+		key:      key,
+		checks:   append([]Check(nil), checks...),
+		counters: make([]*leaseCounters, len(checks)),
+		base:     make([]Result, len(checks)),
+		max:      checks[0].Lease.Max,
+		ttl:      int64(checks[0].Lease.ttl()),
+	}
+	for i := range checks {
+		e.max = min(e.max, checks[i].Lease.Max)
+		e.ttl = min(e.ttl, int64(checks[i].Lease.ttl()))
+		e.counters[i] = s.counters(checks[i].Policy)
+	}
+	return e
+}
+
+// counters returns the counters of policy.
+func (s *LeaseStore) counters(policy string) *leaseCounters {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	c := s.stats[policy]
+	if c == nil {
+		c = new(leaseCounters)
+		s.stats[policy] = c
+	}
+	return c
+}
+
+// count records n requests' worth of ev on every check of e.
+func (s *LeaseStore) count(e *leaseEntry, ev LeaseEvent, n int64) {
+	if n <= 0 {
+		return
+	}
+	for i := range e.checks {
+		units := n * e.checks[i].Cost
+		if units <= 0 {
+			continue
+		}
+		e.counters[i][ev].Add(units)
+		if s.observe != nil {
+			s.observe(e.checks[i].Policy, ev, units)
+		}
+	}
+}
+
+// decideEntry decides one request of e. retry means e was forgotten
+// meanwhile: look it up again.
+func (s *LeaseStore) decideEntry(ctx context.Context, e *leaseEntry, checks []Check, results []Result) (admitted, retry bool, err error) {
+	now := s.clock.Now().UnixNano()
+	e.mu.Lock()
+	e.noteDemand(now)
+	for {
+		switch {
+		case e.dead:
+			e.mu.Unlock()
+			return false, true, nil
+		case e.unleasable:
+			e.mu.Unlock()
+			admitted, err = s.inner.Decide(ctx, checks, results)
+			return admitted, false, err
+		case now < e.deniedUntil:
+			e.fill(results, now, OriginDenialCache)
+			e.mu.Unlock()
+			return false, false, nil
+		case e.units > 0 && now < e.expires:
+			e.units--
+			e.fill(results, now, OriginLease)
+			e.mu.Unlock()
+			s.count(e, LeaseSpent, 1)
+			return true, false, nil
+		}
+		f := e.flight
+		if f == nil {
+			break
+		}
+		// Another request of this entry is refilling: wait for it.
+		e.mu.Unlock()
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return false, false, ctx.Err()
+		}
+		if f.err != nil {
+			return false, false, f.err
+		}
+		now = s.clock.Now().UnixNano()
+		e.mu.Lock()
+	}
+	admitted, err = s.refill(ctx, e, checks, results, now)
+	return admitted, false, err
+}
+
+// refill takes a new lease for e and serves the calling request from it.
+// Called with e.mu held; returns with it released.
+func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (bool, error) {
+	f := &leaseFlight{done: make(chan struct{})}
+	e.flight = f
+	req := LeaseRequest{
+		Checks:    checks,
+		Want:      e.want(now),
+		Instances: s.instances(),
+		TTL:       time.Duration(e.ttl),
+	}
+	if e.units > 0 {
+		// An expired lease: its units go back in the same call.
+		req.GiveBack, req.GiveBackAt = e.units, e.at
+		e.units = 0
+	}
+	e.mu.Unlock()
+
+	// The refill serves the waiters too: the caller going away must not
+	// cancel it (the store's own timeout bounds it).
+	g, err := s.taker.Lease(context.WithoutCancel(ctx), &req, results)
+
+	e.mu.Lock()
+	e.flight = nil
+	defer close(f.done)
+	defer e.mu.Unlock()
+	if err != nil {
+		s.count(e, LeaseExpired, req.GiveBack)
+		if errors.Is(err, ErrLeaseUnsupported) {
+			e.unleasable = true
+			e.mu.Unlock()
+			admitted, err := s.inner.Decide(ctx, checks, results)
+			e.mu.Lock()
+			return admitted, err
+		}
+		f.err = err
+		return false, err
+	}
+	s.count(e, LeaseReturned, req.GiveBack)
+	copy(e.base, results[:len(checks)])
+	e.baseAt = now
+	if g.Requests <= 0 {
+		var wait time.Duration
+		for i := range e.base {
+			if !e.base[i].Allowed {
+				wait = max(wait, e.base[i].RetryAfter)
+			}
+		}
+		e.deniedUntil = now + int64(wait)
+		for i := range results[:len(checks)] {
+			results[i].From = OriginStore
+		}
+		return false, nil
+	}
+	s.count(e, LeaseAcquired, g.Requests)
+	s.count(e, LeaseSpent, 1)
+	e.units = g.Requests - 1
+	e.at = g.At
+	e.expires = now + int64(g.Expires)
+	for i := range results[:len(checks)] {
+		results[i].Remaining += e.units * checks[i].Cost
+		results[i].From = OriginStore
+	}
+	return true, nil
+}
+
+// fill writes the results of a request served locally.
+func (e *leaseEntry) fill(results []Result, now int64, from Origin) {
+	elapsed := time.Duration(now - e.baseAt)
+	for i := range e.base {
+		b := &e.base[i]
+		r := Result{Allowed: b.Allowed, Remaining: b.Remaining, From: from}
+		r.Reset = max(b.Reset-elapsed, 0)
+		if from == OriginLease {
+			r.Remaining += e.units * e.checks[i].Cost
+		} else if !b.Allowed {
+			r.RetryAfter = max(b.RetryAfter-elapsed, 1)
+		}
+		results[i] = r
+	}
+}
+
+// noteDemand counts one request at now.
+func (e *leaseEntry) noteDemand(now int64) {
+	e.lastSeen = now
+	if d := now - e.demandStart; d >= e.ttl {
+		if d >= 2*e.ttl {
+			e.demandPrev = 0
+		} else {
+			e.demandPrev = e.demandCur
+		}
+		e.demandCur = 0
+		e.demandStart = now - d%e.ttl
+	}
+	e.demandCur++
+}
+
+// want is the size of the next lease: the requests seen over the last
+// ttl (the previous period weighted by its overlap), from 1 to max.
+func (e *leaseEntry) want(now int64) int64 {
+	d := float64(e.demandCur)
+	if e.demandPrev > 0 {
+		frac := float64(now-e.demandStart) / float64(e.ttl)
+		d += float64(e.demandPrev) * max(1-frac, 0)
+	}
+	n := int64(d + 0.999)
+	return min(max(n, 1), e.max)
+}
+
+// Peek implements Store: the inner store's view, without the units
+// leased here.
+func (s *LeaseStore) Peek(ctx context.Context, checks []Check, results []Result) error {
+	return s.inner.Peek(ctx, checks, results)
+}
+
+// Release implements Store. Leased requests hold no slots.
+func (s *LeaseStore) Release(ctx context.Context, checks []Check) error {
+	return s.inner.Release(ctx, checks)
+}
+
+// Reset implements Store: it forgets this instance's leases and cached
+// denials of tenant (of policy only, when not empty), then resets the
+// inner store. Other instances keep theirs until they expire.
+func (s *LeaseStore) Reset(ctx context.Context, tenant, policy string) error {
+	s.forget(func(e *leaseEntry) bool {
+		for i := range e.checks {
+			if e.checks[i].Tenant == tenant && (policy == "" || e.checks[i].Policy == policy) {
+				return true
+			}
+		}
+		return false
+	})
+	return s.inner.Reset(ctx, tenant, policy)
+}
+
+// forget drops the entries match selects, without giving anything back.
+func (s *LeaseStore) forget(match func(*leaseEntry) bool) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if !match(e) {
+				continue
+			}
+			e.mu.Lock()
+			if e.flight == nil {
+				s.count(e, LeaseExpired, e.units)
+				e.units, e.deniedUntil, e.dead = 0, 0, true
+				delete(sh.m, k)
+			} else {
+				// Refilling: keep the entry, lose what it holds.
+				e.deniedUntil = 0
+			}
+			e.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// giveBackJob is a lease to give back.
+type giveBackJob struct {
+	e     *leaseEntry
+	units int64
+	at    int64
+}
+
+// Sweep gives back the leases that expired unused and forgets entries
+// idle for more than two lease TTLs. The sweeper calls it; tests may too.
+func (s *LeaseStore) Sweep(ctx context.Context) {
+	now := s.clock.Now().UnixNano()
+	var jobs []giveBackJob
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			e.mu.Lock()
+			if e.flight == nil {
+				if e.units > 0 && now >= e.expires {
+					jobs = append(jobs, giveBackJob{e, e.units, e.at})
+					e.units = 0
+				}
+				if e.units == 0 && now >= e.deniedUntil && now-e.lastSeen > 2*e.ttl {
+					e.dead = true
+					delete(sh.m, k)
+				}
+			}
+			e.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	s.giveBackAll(ctx, jobs)
+}
+
+// giveBackAll returns the units of jobs to the store, one call each.
+func (s *LeaseStore) giveBackAll(ctx context.Context, jobs []giveBackJob) {
+	var results []Result
+	for _, j := range jobs {
+		if ctx.Err() != nil {
+			s.count(j.e, LeaseExpired, j.units)
+			continue
+		}
+		if cap(results) < len(j.e.checks) {
+			results = make([]Result, len(j.e.checks))
+		}
+		req := LeaseRequest{
+			Checks:     j.e.checks,
+			Instances:  s.instances(),
+			TTL:        time.Duration(j.e.ttl),
+			GiveBack:   j.units,
+			GiveBackAt: j.at,
+		}
+		if _, err := s.taker.Lease(ctx, &req, results[:len(j.e.checks)]); err != nil {
+			s.count(j.e, LeaseExpired, j.units)
+			if s.onError != nil {
+				s.onError(err)
+			}
+			continue
+		}
+		s.count(j.e, LeaseReturned, j.units)
+	}
+}
+
+func (s *LeaseStore) sweepLoop(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sweep(context.Background())
+		}
+	}
+}
+
+// Close stops the sweeper and gives back every lease (waiting for refills
+// in flight), within GiveBackTimeout. Requests decided after Close go to
+// the inner store. It does not close the inner store.
+func (s *LeaseStore) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+		<-s.done
+		ctx, cancel := context.WithTimeout(context.Background(), s.giveBack)
+		defer cancel()
+		var jobs []giveBackJob
+		for i := range s.shards {
+			sh := &s.shards[i]
+			sh.mu.Lock()
+			entries := make([]*leaseEntry, 0, len(sh.m))
+			for k, e := range sh.m {
+				entries = append(entries, e)
+				delete(sh.m, k)
+			}
+			sh.mu.Unlock()
+			for _, e := range entries {
+				e.mu.Lock()
+				for e.flight != nil {
+					f := e.flight
+					e.mu.Unlock()
+					select {
+					case <-f.done:
+					case <-ctx.Done():
+					}
+					e.mu.Lock()
+					if ctx.Err() != nil {
+						break
+					}
+				}
+				if e.units > 0 {
+					jobs = append(jobs, giveBackJob{e, e.units, e.at})
+					e.units = 0
+				}
+				e.dead = true
+				e.mu.Unlock()
+			}
+		}
+		s.giveBackAll(ctx, jobs)
+	})
+	return nil
+}
+
+// LeaseStats is a policy's lease activity on one LeaseStore.
+type LeaseStats struct {
+	// Entries is the number of lease entries (sets of buckets) holding
+	// units; Units the units they hold.
+	Entries int64 `json:"entries"`
+	Units   int64 `json:"units"`
+	// DeniedEntries is the number of entries answering from the denial
+	// cache right now.
+	DeniedEntries int64 `json:"denied_entries"`
+	// Acquired, Spent, Returned and Expired count units since the store
+	// started (see LeaseEvent).
+	Acquired int64 `json:"acquired"`
+	Spent    int64 `json:"spent"`
+	Returned int64 `json:"returned"`
+	Expired  int64 `json:"expired"`
+}
+
+// Stats returns the lease activity of every policy that leased.
+func (s *LeaseStore) Stats() map[string]LeaseStats {
+	out := map[string]LeaseStats{}
+	s.statsMu.Lock()
+	for p, c := range s.stats {
+		out[p] = LeaseStats{
+			Acquired: c[LeaseAcquired].Load(),
+			Spent:    c[LeaseSpent].Load(),
+			Returned: c[LeaseReturned].Load(),
+			Expired:  c[LeaseExpired].Load(),
+		}
+	}
+	s.statsMu.Unlock()
+	now := s.clock.Now().UnixNano()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			e.mu.Lock()
+			for j := range e.checks {
+				st := out[e.checks[j].Policy]
+				if e.units > 0 && now < e.expires {
+					st.Entries++
+					st.Units += e.units * e.checks[j].Cost
+				}
+				if now < e.deniedUntil {
+					st.DeniedEntries++
+				}
+				out[e.checks[j].Policy] = st
+			}
+			e.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}

@@ -1,0 +1,463 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// scriptCounter counts a RedisStore's script calls by script name.
+type scriptCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *scriptCounter) observe(script, result string, _ time.Duration) {
+	if result == "noscript" {
+		return // retried at once with EVAL, which is counted
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[script]++
+}
+
+func (c *scriptCounter) get(script string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[script]
+}
+
+// leaseFixture is a LeaseStore on a real Redis. With clk set, the store
+// and the scripts share the manual clock.
+type leaseFixture struct {
+	redis *RedisStore
+	lease *LeaseStore
+	calls *scriptCounter
+	clk   *manualClock
+}
+
+func newLeaseFixture(t *testing.T, srv *redistest.Server, manual bool, instances int) *leaseFixture {
+	t.Helper()
+	f := &leaseFixture{calls: &scriptCounter{}}
+	f.redis = NewRedisStore(RedisOptions{Client: srv.Client(t), Timeout: testTimeout, Observe: f.calls.observe})
+	opts := LeaseOptions{Store: f.redis, Taker: f.redis, Instances: func() int { return instances }}
+	if manual {
+		f.clk = newManualClock(baseTime)
+		opts.Clock = f.clk
+		opts.SweepInterval = -1
+		f.redis.now = func() int64 { return f.clk.Now().UnixMicro() }
+	}
+	f.lease = NewLeaseStore(opts)
+	t.Cleanup(func() { f.lease.Close() })
+	return f
+}
+
+func leaseCheck(algo Algorithm, tenant string, limit int64, window time.Duration, lease Lease) Check {
+	return Check{Algorithm: algo, Tenant: tenant, Policy: "p", Rate: Rate{Limit: limit, Window: window}, Cost: 1, Lease: lease}
+}
+
+var leaseAlgorithms = []Algorithm{TokenBucket, GCRA, SlidingWindow, FixedWindow}
+
+// TestLeaseServesLocally: one instance, limit 100: exactly 100 admitted,
+// Remaining counts down exactly, most requests cost no Redis call, then a
+// denial is cached until Retry-After and the store is asked again after.
+func TestLeaseServesLocally(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, algo := range leaseAlgorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			f := newLeaseFixture(t, srv, true, 1)
+			c := leaseCheck(algo, "served-"+algo.String(), 100, time.Hour, Lease{Max: 20, TTL: time.Hour})
+			res := make([]Result, 1)
+			for i := int64(1); i <= 100; i++ {
+				ok, err := f.lease.Decide(bgCtx, []Check{c}, res)
+				if err != nil || !ok {
+					t.Fatalf("request %d: admitted %v, err %v", i, ok, err)
+				}
+				if res[0].Remaining != 100-i {
+					t.Fatalf("request %d: remaining %d, want %d", i, res[0].Remaining, 100-i)
+				}
+			}
+			// Demand doubles each refill up to 20 (1+2+4+8+16), then
+			// leases of 20 until remaining/2 caps them (34, 20, 14, 7, 4,
+			// 2, 1, 1): about 13 calls.
+			if n := f.calls.get("lease"); n > 15 {
+				t.Fatalf("%d lease calls for 100 requests", n)
+			}
+			ok, _ := f.lease.Decide(bgCtx, []Check{c}, res)
+			if ok || res[0].From != OriginStore || res[0].RetryAfter <= 0 {
+				t.Fatalf("request 101: admitted %v, %+v", ok, res[0])
+			}
+			calls := f.calls.get("lease")
+			retry := res[0].RetryAfter
+			f.clk.Advance(retry / 2)
+			for i := 0; i < 50; i++ {
+				ok, _ := f.lease.Decide(bgCtx, []Check{c}, res)
+				if ok || res[0].From != OriginDenialCache {
+					t.Fatalf("cached denial %d: admitted %v, %+v", i, ok, res[0])
+				}
+			}
+			if got := res[0].RetryAfter; got > retry-retry/2 || got <= 0 {
+				t.Fatalf("cached Retry-After %v, want it counting down from %v", got, retry)
+			}
+			if n := f.calls.get("lease"); n != calls {
+				t.Fatalf("cached denials made %d Redis calls", n-calls)
+			}
+			f.clk.Advance(retry - retry/2)
+			ok, err := f.lease.Decide(bgCtx, []Check{c}, res)
+			if err != nil || !ok || f.calls.get("lease") != calls+1 {
+				t.Fatalf("after Retry-After: admitted %v err %v, %d new calls", ok, err, f.calls.get("lease")-calls)
+			}
+		})
+	}
+}
+
+// TestLeaseShare: a lease never takes more than remaining / (2 x
+// instances), at least one request's worth; nothing once empty.
+func TestLeaseShare(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := NewRedisStore(RedisOptions{Client: srv.Client(t), Timeout: testTimeout})
+	for _, algo := range leaseAlgorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			c := leaseCheck(algo, "share-"+algo.String(), 80, time.Hour, Lease{Max: 50})
+			res := make([]Result, 1)
+			remaining := int64(80)
+			var grants []int64
+			for remaining > 0 {
+				g, err := s.Lease(bgCtx, &LeaseRequest{Checks: []Check{c}, Want: 50, Instances: 4, TTL: time.Minute}, res)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := max(remaining/8, 1)
+				if g.Requests != want || res[0].Remaining != remaining-want {
+					t.Fatalf("remaining %d: granted %d (remaining %d), want %d", remaining, g.Requests, res[0].Remaining, want)
+				}
+				if g.Expires <= 0 || g.Expires > time.Minute {
+					t.Fatalf("expires %v", g.Expires)
+				}
+				grants = append(grants, g.Requests)
+				remaining -= want
+			}
+			g, err := s.Lease(bgCtx, &LeaseRequest{Checks: []Check{c}, Want: 50, Instances: 4}, res)
+			if err != nil || g.Requests != 0 || res[0].Allowed || res[0].RetryAfter <= 0 {
+				t.Fatalf("empty bucket: granted %d, %+v, err %v", g.Requests, res[0], err)
+			}
+			t.Logf("grants %v", grants)
+		})
+	}
+	bad := Check{Algorithm: SlidingLog, Tenant: "x", Policy: "p", Rate: Rate{Limit: 5, Window: time.Second}, Cost: 1}
+	if _, err := s.Lease(bgCtx, &LeaseRequest{Checks: []Check{bad}, Want: 1}, make([]Result, 1)); !errors.Is(err, ErrLeaseUnsupported) {
+		t.Fatalf("sliding_log lease: %v", err)
+	}
+}
+
+// TestLeaseWindowExpiry: a window algorithm's lease ends with its window.
+func TestLeaseWindowExpiry(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := NewRedisStore(RedisOptions{Client: srv.Client(t), Timeout: testTimeout})
+	at := baseTime.Add(50 * time.Second) // 10s before the end of a minute
+	s.now = func() int64 { return at.UnixMicro() }
+	for _, algo := range leaseAlgorithms {
+		c := leaseCheck(algo, "win-"+algo.String(), 100, time.Minute, Lease{Max: 10})
+		g, err := s.Lease(bgCtx, &LeaseRequest{Checks: []Check{c}, Want: 10, TTL: time.Hour}, make([]Result, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := time.Hour
+		if algo == SlidingWindow || algo == FixedWindow {
+			want = 10 * time.Second
+		}
+		if g.Expires != want || g.Requests != 10 {
+			t.Fatalf("%s: granted %d expiring in %v, want 10 in %v", algo, g.Requests, g.Expires, want)
+		}
+	}
+}
+
+// TestLeaseGiveBack: unused units go back on expiry (sweeper), in the
+// refill that follows an expired lease, and on Close.
+func TestLeaseGiveBack(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, algo := range leaseAlgorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			f := newLeaseFixture(t, srv, true, 1)
+			c := leaseCheck(algo, "back-"+algo.String(), 1000, time.Hour, Lease{Max: 10, TTL: time.Second})
+			checks := []Check{c}
+			res := make([]Result, 1)
+			peek := func() int64 {
+				t.Helper()
+				if err := f.redis.Peek(bgCtx, checks, res); err != nil {
+					t.Fatal(err)
+				}
+				return res[0].Remaining
+			}
+			decide := func(n int) {
+				t.Helper()
+				for i := 0; i < n; i++ {
+					if ok, err := f.lease.Decide(bgCtx, checks, res); !ok || err != nil {
+						t.Fatalf("denied: %v", err)
+					}
+				}
+			}
+			// Ramp the demand so the next lease is 10, spend 3 of it.
+			decide(16)
+			served := int64(16)
+			calls := f.calls.get("lease")
+			decide(3)
+			served += 3
+			if f.calls.get("lease") == calls {
+				// The ramp ended exactly on a lease boundary: one more.
+				decide(1)
+				served++
+			}
+			held := f.lease.Stats()["p"].Units
+			if held <= 0 || peek() != 1000-served-held {
+				t.Fatalf("held %d, Redis remaining %d, served %d", held, peek(), served)
+			}
+			// Expiry: the sweeper gives the held units back.
+			f.clk.Advance(1100 * time.Millisecond)
+			f.lease.Sweep(bgCtx)
+			if got := peek(); got != 1000-served {
+				t.Fatalf("after expiry: Redis remaining %d, want %d", got, 1000-served)
+			}
+			st := f.lease.Stats()["p"]
+			if st.Returned != held || st.Units != 0 || st.Acquired != st.Spent+st.Returned+st.Expired {
+				t.Fatalf("stats %+v, held %d", st, held)
+			}
+			// Refill after an expired lease: one call gives back and takes.
+			decide(5)
+			served += 5
+			held = f.lease.Stats()["p"].Units
+			f.clk.Advance(1100 * time.Millisecond)
+			calls = f.calls.get("lease") + f.calls.get("lease_return")
+			decide(1)
+			served++
+			if n := f.calls.get("lease") + f.calls.get("lease_return") - calls; n != 1 {
+				t.Fatalf("refill after expiry made %d calls", n)
+			}
+			if held == 0 {
+				t.Fatal("nothing held before the expiry")
+			}
+			held = f.lease.Stats()["p"].Units
+			if got := peek(); got != 1000-served-held {
+				t.Fatalf("after a merged give back: Redis remaining %d, want %d", got, 1000-served-held)
+			}
+			// Close gives everything back.
+			f.lease.Close()
+			if got := peek(); got != 1000-served {
+				t.Fatalf("after Close: Redis remaining %d, want %d", got, 1000-served)
+			}
+			// A closed store decides directly.
+			if ok, _ := f.lease.Decide(bgCtx, checks, res); !ok || res[0].From != OriginStore || peek() != 1000-served-1 {
+				t.Fatalf("after Close: %+v", res[0])
+			}
+		})
+	}
+}
+
+// TestLeaseNoStampede: concurrent first requests of one entry share one
+// Redis call at a time instead of each making one.
+func TestLeaseNoStampede(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	f := newLeaseFixture(t, srv, false, 1)
+	c := leaseCheck(TokenBucket, "herd", 10000, time.Hour, Lease{Max: 100, TTL: time.Minute})
+	const n = 64
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := make([]Result, 1)
+			<-start
+			if ok, err := f.lease.Decide(bgCtx, []Check{c}, res); ok && err == nil {
+				admitted.Add(1)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if admitted.Load() != n {
+		t.Fatalf("admitted %d of %d", admitted.Load(), n)
+	}
+	// One call for the first request (demand 1), then one sized to the
+	// waiting herd; a few more if the scheduler trickles them in.
+	if calls := f.calls.get("lease"); calls > 4 {
+		t.Fatalf("%d Redis calls for %d concurrent requests", calls, n)
+	} else {
+		t.Logf("%d Redis calls for %d concurrent requests", calls, n)
+	}
+}
+
+// TestLeaseFleetExact: three instances leasing from one Redis, with
+// demand far above the limit, admit at most the limit, and what they
+// admitted plus what they held when they stopped is exactly the limit.
+func TestLeaseFleetExact(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, algo := range []Algorithm{FixedWindow, SlidingWindow} {
+		t.Run(algo.String(), func(t *testing.T) {
+			c := leaseCheck(algo, "fleet-"+algo.String(), 1000, MaxWindow, Lease{Max: 50, TTL: time.Minute})
+			var stores []*LeaseStore
+			for i := 0; i < 3; i++ {
+				stores = append(stores, newLeaseFixture(t, srv, false, 3).lease)
+			}
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for _, s := range stores {
+				for w := 0; w < 4; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						res := make([]Result, 1)
+						for i := 0; i < 400; i++ {
+							ok, err := s.Decide(bgCtx, []Check{c}, res)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if ok {
+								admitted.Add(1)
+							}
+						}
+					}()
+				}
+			}
+			wg.Wait()
+			var held int64
+			for _, s := range stores {
+				held += s.Stats()["p"].Units
+			}
+			if got := admitted.Load(); got > 1000 || got+held != 1000 {
+				t.Fatalf("admitted %d, held %d: want at most 1000 and exactly 1000 together", got, held)
+			}
+			t.Logf("admitted %d, %d still leased", admitted.Load(), held)
+		})
+	}
+}
+
+// TestLeaseNotLeasable: shadow checks, checks without a lease and stores
+// that cannot lease are decided by the inner store, exactly.
+func TestLeaseNotLeasable(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	f := newLeaseFixture(t, srv, false, 1)
+	lease := Lease{Max: 10}
+	shadow := leaseCheck(TokenBucket, "nl-shadow", 5, time.Hour, lease)
+	shadow.Shadow = true
+	mixed := []Check{leaseCheck(TokenBucket, "nl", 5, time.Hour, lease), {Algorithm: SlidingLog, Tenant: "nl", Policy: "log", Rate: Rate{Limit: 5, Window: time.Hour}, Cost: 1}}
+	for name, checks := range map[string][]Check{"shadow": {shadow}, "mixed": mixed} {
+		res := make([]Result, len(checks))
+		for i := 0; i < 5; i++ {
+			if ok, err := f.lease.Decide(bgCtx, checks, res); !ok || err != nil || res[0].From != OriginStore {
+				t.Fatalf("%s %d: %v %v %+v", name, i, ok, err, res[0])
+			}
+		}
+	}
+	if f.calls.get("lease") != 0 || f.calls.get("decide") != 10 {
+		t.Fatalf("calls: %v", f.calls.n)
+	}
+
+	// A taker without leases: every request goes to the store.
+	mem := NewMemoryStore(MemoryOptions{SweepInterval: -1})
+	defer mem.Close()
+	b := NewBreakerStore(mem, BreakerOptions{})
+	ls := NewLeaseStore(LeaseOptions{Store: b, Taker: b})
+	defer ls.Close()
+	c := leaseCheck(FixedWindow, "mem", 3, time.Hour, lease)
+	res := make([]Result, 1)
+	n := 0
+	for i := 0; i < 10; i++ {
+		ok, err := ls.Decide(bgCtx, []Check{c}, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			n++
+		}
+	}
+	if n != 3 || b.Open() {
+		t.Fatalf("memory behind a lease store admitted %d of limit 3 (breaker open %v)", n, b.Open())
+	}
+}
+
+// TestLeaseReset: Reset drops this instance's leases and cached denials
+// of the tenant, and the tenant starts afresh at once.
+func TestLeaseReset(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	f := newLeaseFixture(t, srv, true, 1)
+	c := leaseCheck(FixedWindow, "reset-me", 10, time.Hour, Lease{Max: 5, TTL: time.Hour})
+	other := leaseCheck(FixedWindow, "other", 10, time.Hour, Lease{Max: 5, TTL: time.Hour})
+	res := make([]Result, 1)
+	for i := 0; i < 12; i++ {
+		f.lease.Decide(bgCtx, []Check{c}, res)
+		f.lease.Decide(bgCtx, []Check{other}, res)
+	}
+	if ok, _ := f.lease.Decide(bgCtx, []Check{c}, res); ok || res[0].From != OriginDenialCache {
+		t.Fatalf("before reset: %+v", res[0])
+	}
+	if err := f.lease.Reset(bgCtx, "reset-me", ""); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := f.lease.Decide(bgCtx, []Check{c}, res); !ok || res[0].Remaining != 9 {
+		t.Fatalf("after reset: %+v", res[0])
+	}
+	if ok, _ := f.lease.Decide(bgCtx, []Check{other}, res); ok {
+		t.Fatalf("reset of one tenant admitted another")
+	}
+}
+
+// TestLeaseRedisDown: with Redis paused, a refill fails at the deadline
+// and its waiters share the error; units already leased are still served.
+func TestLeaseRedisDown(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	f := &leaseFixture{calls: &scriptCounter{}}
+	opts := srv.ClientOptions()
+	opts.ContextTimeoutEnabled = true
+	client := redis.NewClient(opts)
+	defer client.Close()
+	f.redis = NewRedisStore(RedisOptions{Client: client, Timeout: 100 * time.Millisecond, Observe: f.calls.observe})
+	f.lease = NewLeaseStore(LeaseOptions{Store: f.redis, Taker: f.redis})
+	defer f.lease.Close()
+	warm := leaseCheck(TokenBucket, "warm", 1000, time.Hour, Lease{Max: 50, TTL: time.Minute})
+	cold := leaseCheck(TokenBucket, "cold", 1000, time.Hour, Lease{Max: 50, TTL: time.Minute})
+	res := make([]Result, 1)
+	for i := 0; i < 100; i++ {
+		if ok, err := f.lease.Decide(bgCtx, []Check{warm}, res); !ok || err != nil {
+			t.Fatalf("warm-up: %v", err)
+		}
+	}
+	if f.lease.Stats()["p"].Units == 0 {
+		t.Fatal("nothing leased after warm-up")
+	}
+	srv.Pause()
+	defer srv.Resume()
+	if ok, err := f.lease.Decide(bgCtx, []Check{warm}, res); !ok || err != nil || res[0].From != OriginLease {
+		t.Fatalf("leased unit with Redis paused: %v %v %+v", ok, err, res[0])
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	start := time.Now()
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := f.lease.Decide(context.Background(), []Check{cold}, make([]Result, 1)); err != nil {
+				failed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() != 8 {
+		t.Fatalf("%d of 8 failed", failed.Load())
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("8 concurrent refills against a paused Redis took %v", d)
+	}
+}
