@@ -129,6 +129,17 @@ type policyStatus struct {
 	Burst     int64  `json:"burst,omitempty"`
 	Shadow    bool   `json:"shadow,omitempty"`
 	FailMode  string `json:"fail_mode"`
+	// Lease is set when the policy leases (Redis store only).
+	Lease *leaseStatus `json:"lease,omitempty"`
+}
+
+// leaseStatus is a policy's lease settings and this handler's lease
+// activity: units held now, and units acquired, spent, returned and
+// expired since the handler started.
+type leaseStatus struct {
+	MaxTokens int64  `json:"max_tokens"`
+	TTL       string `json:"ttl"`
+	limiter.LeaseStats
 }
 
 type handlerStatus struct {
@@ -148,6 +159,10 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 	}{Handlers: []handlerStatus{}}
 	for _, h := range liveHandlers() {
 		hs := handlerStatus{Store: h.storeKind(), Instances: 1, Policies: []policyStatus{}}
+		var leaseStats map[string]limiter.LeaseStats
+		if h.leases != nil {
+			leaseStats = h.leases.Stats()
+		}
 		if b := h.backend; b != nil {
 			hs.KeyPrefix = b.overrides.prefix
 			hs.BreakerOpen = b.store.Open()
@@ -164,6 +179,13 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 			}
 			if p.policy.Limit.Window > 0 {
 				ps.Window = p.policy.Limit.Window.String()
+			}
+			if l := p.policy.Lease; l.Enabled() && h.leases != nil {
+				ttl := l.TTL
+				if ttl <= 0 {
+					ttl = limiter.DefaultLeaseTTL
+				}
+				ps.Lease = &leaseStatus{MaxTokens: l.Max, TTL: ttl.String(), LeaseStats: leaseStats[p.policy.Name]}
 			}
 			hs.Policies = append(hs.Policies, ps)
 		}
@@ -351,14 +373,25 @@ func (adminAPI) reset(w http.ResponseWriter, r *http.Request) error {
 	}
 	done := map[limiter.Store]bool{}
 	for i, h := range hs {
-		if len(ps[i]) == 0 || done[h.store] {
+		if len(ps[i]) == 0 {
 			continue
 		}
-		done[h.store] = true
-		if err := h.store.Reset(r.Context(), tenant, policy); err != nil {
+		store := h.store
+		if h.leases != nil {
+			// This handler's leases and cached denials; the backend's
+			// buckets are reset once for every handler on it.
+			h.leases.Forget(tenant, policy)
+			store = h.backend.store
+		}
+		if done[store] {
+			continue
+		}
+		done[store] = true
+		if err := store.Reset(r.Context(), tenant, policy); err != nil {
 			return apiError(http.StatusServiceUnavailable, "resetting: %v", err)
 		}
 		if h.backend != nil {
+			h.backend.overrides.publishReset(r.Context(), tenant, policy)
 			h.backend.overrides.audit(r.Context(), "reset", tenant, policy, "", "", r.RemoteAddr)
 		}
 	}

@@ -230,6 +230,10 @@ func (pm *policyMetrics) init(index int, p *limiter.Policy, redis bool) {
 		return
 	}
 	pm.duration[sourceRedis] = collectors.duration.WithLabelValues(name, sourceNames[sourceRedis])
+	if p.Lease.Enabled() {
+		pm.duration[sourceLease] = collectors.duration.WithLabelValues(name, sourceNames[sourceLease])
+		pm.duration[sourceCache] = collectors.duration.WithLabelValues(name, sourceNames[sourceCache])
+	}
 	switch p.FailMode {
 	case limiter.FailOpen:
 		pm.requests[decisionFailedOpen] = collectors.requests.WithLabelValues(name, decisionNames[decisionFailedOpen])
@@ -269,7 +273,12 @@ func classify(v *limiter.Verdict, redis bool) (decision, source) {
 		return decisionFallbackDenied, sourceFallback
 	}
 	s := sourceMemory
-	if redis {
+	switch {
+	case v.Result.From == limiter.OriginLease:
+		s = sourceLease
+	case v.Result.From == limiter.OriginDenialCache:
+		s = sourceCache
+	case redis:
 		s = sourceRedis
 	}
 	switch {
@@ -361,7 +370,7 @@ func (h *Handler) redisObserver() func(script, result string, d time.Duration) {
 // The scripts and results the Redis store reports, so their label
 // children are resolved once; anything else is resolved per call.
 var (
-	redisScripts = [...]string{"decide", "peek", "dry", "force", "refund", "release"}
+	redisScripts = [...]string{"decide", "peek", "dry", "force", "refund", "release", "lease", "lease_return"}
 	redisResults = [...]string{"ok", "error", "timeout", "noscript"}
 
 	redisChildrenOnce sync.Once

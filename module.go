@@ -114,6 +114,9 @@ type Handler struct {
 	metrics *handlerMetrics
 	// overrides holds the runtime overrides (admin API) of the store.
 	overrides *overrideTable
+	// leases serves leased units in front of the Redis backend; nil
+	// without Redis or when no policy leases.
+	leases *limiter.LeaseStore
 }
 
 // CaddyModule returns the Caddy module information.
@@ -208,6 +211,7 @@ func (h *Handler) provisionRedis() error {
 	h.fallbackKey = fallbackKey
 	h.fallback = limiter.Fallback{Store: fallback, Scale: fallbackShare, Recorder: backend.recorder}
 	h.store = backend.store
+	h.provisionLeases()
 	if h.DenialsStream > 0 {
 		backend.denials.acquire(h.DenialsStream)
 		h.denials = backend.denials
@@ -282,6 +286,11 @@ func (h *Handler) Cleanup() error {
 	}
 	if h.storeKey != "" {
 		_, err = embeddedStores.Delete(h.storeKey)
+	}
+	if h.leases != nil {
+		// Before the backend goes: the give-backs need its client.
+		_ = h.leases.Close()
+		h.leases = nil
 	}
 	if h.backendKey != "" {
 		_, err = redisBackends.Delete(h.backendKey)

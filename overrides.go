@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -229,13 +230,17 @@ type redisOverrides struct {
 	logger  *zap.Logger
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// id is this instance's registry ID, and onReset is told about resets
+	// that other instances published (see publishReset).
+	id      string
+	onReset func(tenant, policy string)
 }
 
 // overrideRefresh is how often the table is reloaded from Redis even
 // without a change notice.
 const overrideRefresh = time.Second
 
-func newRedisOverrides(client redis.UniversalClient, prefix string, timeout time.Duration, logger *zap.Logger) *redisOverrides {
+func newRedisOverrides(client redis.UniversalClient, prefix string, timeout time.Duration, logger *zap.Logger, id string, onReset func(tenant, policy string)) *redisOverrides {
 	if timeout <= 0 {
 		timeout = 100 * time.Millisecond
 	}
@@ -243,7 +248,7 @@ func newRedisOverrides(client redis.UniversalClient, prefix string, timeout time
 		prefix = limiter.DefaultPrefix
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &redisOverrides{client: client, prefix: prefix, timeout: timeout, table: newOverrideTable(), logger: logger, cancel: cancel, done: make(chan struct{})}
+	r := &redisOverrides{client: client, prefix: prefix, timeout: timeout, table: newOverrideTable(), logger: logger, cancel: cancel, done: make(chan struct{}), id: id, onReset: onReset}
 	go r.run(ctx)
 	return r
 }
@@ -271,7 +276,13 @@ func (r *redisOverrides) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-msgs:
+		case m := <-msgs:
+			if id, tenant, policy, ok := parseResetNotice(m.Payload); ok {
+				if id != r.id && r.onReset != nil {
+					r.onReset(tenant, policy)
+				}
+				continue
+			}
 			r.reload(ctx)
 		case <-tick.C:
 			r.reload(ctx)
@@ -383,4 +394,33 @@ func (r *redisOverrides) audit(ctx context.Context, action, tenant, policy, old,
 	if err != nil {
 		r.logger.Warn("appending to the audit stream", zap.Error(err))
 	}
+}
+
+// resetNotice starts the pub/sub message that tells the other instances
+// a tenant was reset: "reset\x00<instance id>\x00<tenant>\x00<policy>".
+// (Override changes publish the bare tenant.)
+const resetNotice = "reset\x00"
+
+// publishReset tells the other instances that tenant (policy, when set)
+// was reset, so they drop their leases and cached denials of it.
+func (r *redisOverrides) publishReset(ctx context.Context, tenant, policy string) {
+	msg := resetNotice + r.id + "\x00" + tenant + "\x00" + policy
+	if err := r.client.Publish(ctx, r.channel(), msg).Err(); err != nil {
+		r.logger.Warn("publishing a reset to the other instances", zap.Error(err))
+	}
+}
+
+// parseResetNotice reads a publishReset message. Policy names have no NUL
+// byte, so the tenant is everything between the id and the last NUL.
+func parseResetNotice(msg string) (id, tenant, policy string, ok bool) {
+	rest, found := strings.CutPrefix(msg, resetNotice)
+	if !found {
+		return "", "", "", false
+	}
+	id, rest, found = strings.Cut(rest, "\x00")
+	i := strings.LastIndexByte(rest, 0)
+	if !found || i < 0 {
+		return "", "", "", false
+	}
+	return id, rest[:i], rest[i+1:], true
 }

@@ -150,7 +150,9 @@ func loadRedisBackend(rc *RedisConfig, logger *zap.Logger, observe func(script, 
 			Timeout: conn.Timeout,
 		})
 		b.denials = newDenialStream(client, rc.KeyPrefix, b.registry.ID(), conn.Timeout, b.store, logger)
-		b.overrides = newRedisOverrides(client, rc.KeyPrefix, conn.Timeout, logger)
+		b.overrides = newRedisOverrides(client, rc.KeyPrefix, conn.Timeout, logger, b.registry.ID(), func(tenant, policy string) {
+			forgetLeases(b, tenant, policy)
+		})
 		go b.flushLoop()
 		return b, nil
 	})

@@ -355,6 +355,15 @@ func buildPolicy(name string, pc *PolicyConfig, h *Handler) (*limiter.Policy, er
 			Shadow: shadow,
 		},
 	}
+	lc := pc.Lease
+	if lc == nil && h != nil {
+		lc = h.Lease
+	}
+	if lc != nil && lc.MaxTokens > 0 && alg.SupportsLease() {
+		// The handler's lease is a default: algorithms that cannot lease
+		// do not inherit it (validateConfig rejects it on the policy).
+		p.Lease = limiter.Lease{Max: lc.MaxTokens, TTL: time.Duration(lc.TTL)}
+	}
 	if p.Tiers, err = convertLimits(pc.Tiers, p.Limit.Rate, shadow); err != nil {
 		return nil, fmt.Errorf("policy %s: tier %w", name, err)
 	}

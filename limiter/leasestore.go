@@ -493,8 +493,16 @@ func (s *LeaseStore) Release(ctx context.Context, checks []Check) error {
 
 // Reset implements Store: it forgets this instance's leases and cached
 // denials of tenant (of policy only, when not empty), then resets the
-// inner store. Other instances keep theirs until they expire.
+// inner store. Other instances keep theirs until told (see Forget).
 func (s *LeaseStore) Reset(ctx context.Context, tenant, policy string) error {
+	s.Forget(tenant, policy)
+	return s.inner.Reset(ctx, tenant, policy)
+}
+
+// Forget drops this instance's leases (their units count as expired) and
+// cached denials of tenant, of policy only when it is not empty, without
+// asking the store: for instances told that another one reset the tenant.
+func (s *LeaseStore) Forget(tenant, policy string) {
 	s.forget(func(e *leaseEntry) bool {
 		for i := range e.checks {
 			if e.checks[i].Tenant == tenant && (policy == "" || e.checks[i].Policy == policy) {
@@ -503,7 +511,6 @@ func (s *LeaseStore) Reset(ctx context.Context, tenant, policy string) error {
 		}
 		return false
 	})
-	return s.inner.Reset(ctx, tenant, policy)
 }
 
 // forget drops the entries match selects, without giving anything back.

@@ -1,0 +1,134 @@
+package tollgate
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// leaseSite: policy "hold" (limit 1000/h, lease 50 for an hour) on /hold,
+// policy "small" (limit 3/h) on /small, both leasing, with metrics on
+// /metrics.
+func leaseSite(redisAddr string) string {
+	return metricsSite(fmt.Sprintf(`
+			redis {
+				address %s
+				timeout 5s
+			}
+			tenant {http.request.header.X-Tenant}
+			lease 50 1h
+			policy hold {
+				match {
+					path /hold*
+				}
+				algorithm fixed_window
+				limit 1000
+				window 1h
+			}
+			policy small {
+				match {
+					path /small*
+				}
+				algorithm fixed_window
+				limit 3
+				window 1h
+			}`, redisAddr))
+}
+
+// TestLeaseEndToEnd: through Caddy on Redis, leases are visible in the
+// status route and the metrics, denials are answered from the cache, a
+// reset drops the local lease, and a config reload gives every leased
+// unit back.
+func TestLeaseEndToEnd(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := startCaddyAdmin(t, "", leaseSite(srv.Addr), nil)
+	store := limiter.NewRedisStore(limiter.RedisOptions{Client: srv.Client(t), Timeout: 5 * time.Second})
+	inRedis := func(tenant string) int64 {
+		t.Helper()
+		res := make([]limiter.Result, 1)
+		c := limiter.Check{Algorithm: limiter.FixedWindow, Tenant: tenant, Policy: "hold", Rate: limiter.Rate{Limit: 1000, Window: time.Hour}}
+		if err := store.Peek(context.Background(), []limiter.Check{c}, res); err != nil {
+			t.Fatal(err)
+		}
+		return res[0].Remaining
+	}
+	// No hour boundary in the middle of the test (fixed windows).
+	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 30*time.Second {
+		time.Sleep(left + time.Second)
+	}
+	before := scrapeMetrics(t, s.base+"/metrics")
+
+	// 30 requests: Remaining counts down exactly; Redis has charged more
+	// (the units leased here).
+	for i := 1; i <= 30; i++ {
+		r := s.get("/hold", "X-Tenant", "acme")
+		if r.status != http.StatusOK || r.header.Get("X-RateLimit-Remaining") != fmt.Sprint(1000-i) {
+			t.Fatalf("request %d: %d, remaining %q", i, r.status, r.header.Get("X-RateLimit-Remaining"))
+		}
+	}
+	held := 1000 - 30 - inRedis("acme")
+	if held <= 0 {
+		t.Fatalf("Redis has %d left after 30 requests: nothing leased", inRedis("acme"))
+	}
+
+	st := s.adminOK("GET", "/rate_limit/status", "")
+	var lease map[string]any
+	for _, p := range st["handlers"].([]any)[0].(map[string]any)["policies"].([]any) {
+		if pm := p.(map[string]any); pm["name"] == "hold" {
+			lease, _ = pm["lease"].(map[string]any)
+		}
+	}
+	if lease == nil || lease["max_tokens"] != 50.0 || lease["ttl"] != "1h0m0s" || lease["spent"] != 30.0 ||
+		lease["units"] != float64(held) || lease["acquired"] != float64(30+held) {
+		t.Fatalf("status lease of hold: %v (held %d)", lease, held)
+	}
+
+	// Denials: the first asks Redis, the next ones are answered locally.
+	if c := s.statuses(10, "/small", "X-Tenant", "acme"); c[200] != 3 || c[429] != 7 {
+		t.Fatalf("small: %v", c)
+	}
+	m := scrapeMetrics(t, s.base+"/metrics")
+	const dur, units = "caddy_rate_limit_decision_duration_seconds", "caddy_rate_limit_lease_units_total"
+	if got := m.delta(before, dur, "policy", "small", "source", "cache"); got != 6 {
+		t.Errorf("small: %v decisions from the denial cache, want 6", got)
+	}
+	if got := m.delta(before, units, "policy", "hold", "event", "spent"); got != 30 {
+		t.Errorf("hold: %v units spent, want 30", got)
+	}
+	if got := m.delta(before, units, "policy", "hold", "event", "acquired"); got != float64(30+held) {
+		t.Errorf("hold: %v units acquired, want %d", got, 30+held)
+	}
+	if got := m.delta(before, dur, "policy", "hold", "source", "lease"); got < 20 {
+		t.Errorf("hold: %v decisions served from the lease", got)
+	}
+
+	// Reset: the local lease of the tenant goes with the Redis bucket.
+	s.adminOK("POST", "/rate_limit/reset?tenant=acme", "")
+	if r := s.get("/hold", "X-Tenant", "acme"); r.header.Get("X-RateLimit-Remaining") != "999" {
+		t.Fatalf("after reset: remaining %q", r.header.Get("X-RateLimit-Remaining"))
+	}
+	if r := s.get("/small", "X-Tenant", "acme"); r.status != http.StatusOK {
+		t.Fatalf("after reset, the cached denial was kept: %d", r.status)
+	}
+
+	// Reload: the old handler gives every leased unit back.
+	for range 29 {
+		s.get("/hold", "X-Tenant", "acme")
+	}
+	if inRedis("acme") >= 1000-30 {
+		t.Fatal("nothing leased before the reload")
+	}
+	s.load("", leaseSite(srv.Addr), nil)
+	if got := inRedis("acme"); got != 1000-30 {
+		t.Fatalf("after reload Redis has %d left, want %d", got, 1000-30)
+	}
+	after := scrapeMetrics(t, s.base+"/metrics")
+	if got := after.delta(before, units, "policy", "hold", "event", "returned"); got < 1 {
+		t.Errorf("hold: %v units returned", got)
+	}
+}
