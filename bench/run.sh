@@ -2,6 +2,8 @@
 # Load benchmark: plain Caddy vs Tollgate on the embedded store and on Redis,
 # measured in one run on loopback with wrk, reported as ratios to the plain
 # Caddy baseline (absolute numbers on shared 2-core machines are noise).
+# Scenarios: plain `respond`, rate_limit on the embedded store, on Redis
+# without a lease (one script call per request) and on Redis with lease 50.
 #
 #   ./bench/run.sh                 # 10 s per scenario
 #   DURATION=30s ./bench/run.sh    # longer runs
@@ -86,6 +88,7 @@ policy='	rate_limit {
 		%s
 		tenant {http.request.header.X-Tenant}
 		headers both
+		%s
 		policy api {
 			algorithm token_bucket
 			limit 1000000000
@@ -98,8 +101,9 @@ redis_block="redis {
 
 results=()
 results+=("$(scenario baseline '')")
-results+=("$(scenario embedded "$(printf "$policy" '')")")
-results+=("$(scenario redis "$(printf "$policy" "$redis_block")")")
+results+=("$(scenario embedded "$(printf "$policy" '' '')")")
+results+=("$(scenario redis "$(printf "$policy" "$redis_block" '')")")
+results+=("$(scenario redis_lease "$(printf "$policy" "$redis_block" 'lease 50')")")
 
 mkdir -p bench/results
 python3 - "${results[@]}" <<'PY' | tee bench/results/latest.md
@@ -110,6 +114,7 @@ labels = {
     "baseline": "plain Caddy `respond` (baseline)",
     "embedded": "rate_limit, embedded store",
     "redis": "rate_limit, Redis, no lease",
+    "redis_lease": "rate_limit, Redis, `lease 50`",
 }
 print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request |")
 print("|---|---|---|---|---|---|")

@@ -203,3 +203,42 @@ func usedMemory(b *testing.B, client *redis.Client) int64 {
 	}
 	return n
 }
+
+// BenchmarkLeaseDecide is a decision served from a lease (DESIGN §6): the
+// same checks as BenchmarkRedisDecide's token_bucket and sliding_window,
+// with a lease large enough that Redis is asked about once per 1000
+// requests. The "no lease" case, every request one script call, is the
+// baseline of the same run.
+func BenchmarkLeaseDecide(b *testing.B) {
+	s, client := benchRedisStore(b)
+	for _, algo := range []Algorithm{TokenBucket, SlidingWindow} {
+		c := Check{Algorithm: algo, Tenant: "bench-lease", Policy: "p", Rate: Rate{Limit: 1 << 50, Window: time.Hour}, Cost: 1}
+		b.Run(algo.String()+"/no_lease", func(b *testing.B) {
+			benchDecide(b, s, client, []Check{c})
+		})
+		b.Run(algo.String()+"/lease", func(b *testing.B) {
+			ls := NewLeaseStore(LeaseOptions{Store: s, Taker: s})
+			defer ls.Close()
+			c := c
+			c.Lease = Lease{Max: 1000, TTL: time.Minute}
+			checks := []Check{c}
+			res := make([]Result, 1)
+			for range 5000 { // ramp the demand up to full leases
+				ls.Decide(bgCtx, checks, res)
+			}
+			if err := client.ConfigResetStat(bgCtx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if ok, err := ls.Decide(bgCtx, checks, res); !ok || err != nil {
+					b.Fatal(ok, err)
+				}
+			}
+			calls := strings.TrimPrefix(infoField(b, client, "commandstats", "cmdstat_evalsha"), "calls=")
+			calls, _, _ = strings.Cut(calls, ",")
+			n, _ := strconv.ParseFloat(calls, 64)
+			b.ReportMetric(n/float64(b.N), "redis-calls/op")
+		})
+	}
+}
