@@ -9,6 +9,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
 
 // provisionHandler builds a Handler from JSON outside a running Caddy.
@@ -77,4 +79,28 @@ func BenchmarkServeHTTP(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkServeHTTPRedis measures the whole handler on Redis with
+// lease 50 (served locally, about one script call per 50 requests)
+// against the embedded store, same run.
+func BenchmarkServeHTTPRedis(b *testing.B) {
+	srv := redistest.StartStandalone(b, redistest.Options{})
+	w := httptest.NewRecorder()
+	for name, store := range map[string]string{
+		"embedded":    ``,
+		"redis_lease": `"redis":{"addresses":["` + srv.Addr + `"]},"lease":{"max_tokens":50},`,
+	} {
+		b.Run(name, func(b *testing.B) {
+			h := provisionHandler(b, `{`+store+`"tenant":"{http.request.header.X-Tenant}",
+				"rate_limits":{"api":{"algorithm":"token_bucket","max_events":1000000000,"window":3600000000000}}}`)
+			b.ReportAllocs()
+			for b.Loop() {
+				r := newCaddyRequest(w, "acme")
+				if err := h.ServeHTTP(w, r, okHandler); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

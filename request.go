@@ -38,6 +38,9 @@ type policyRuntime struct {
 	// Header values of the policy's own limit, rendered once.
 	ownPolicyHeader string
 	ownLimitHeader  string
+	// nameValue and limitValue are the policy's name and own limit boxed
+	// once, for the replacer: boxing them per request would allocate.
+	nameValue, limitValue any
 	// metrics holds the policy's metric children, resolved at Provision.
 	metrics policyMetrics
 }

@@ -54,6 +54,8 @@ const (
 func (p *policyRuntime) precomputeHeaders() {
 	p.ownPolicyHeader = policyHeader(p.policy.Name, p.policy.Algorithm, p.policy.Limit.Rate)
 	p.ownLimitHeader = strconv.FormatInt(p.policy.Limit.Limit, 10)
+	p.nameValue = p.policy.Name
+	p.limitValue = p.policy.Limit.Limit
 }
 
 // policyHeader renders an IETF RateLimit-Policy item: "name";q=limit;w=secs.
@@ -132,9 +134,14 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	}
 	if placeholder >= 0 {
 		it, v := &st.items[placeholder], &d.Verdicts[placeholder]
-		repl.Set("http.rate_limit.policy", it.Policy.Name)
+		p := st.policies[placeholder]
+		repl.Set("http.rate_limit.policy", p.nameValue)
 		repl.Set("http.rate_limit.tenant", it.Tenant)
-		repl.Set("http.rate_limit.limit", v.Limit.Limit)
+		if v.Source == limiter.SourcePolicy {
+			repl.Set("http.rate_limit.limit", p.limitValue)
+		} else {
+			repl.Set("http.rate_limit.limit", v.Limit.Limit)
+		}
 		repl.Set("http.rate_limit.remaining", v.Result.Remaining)
 		repl.Set("http.rate_limit.retry_after", ceilSeconds(v.Result.RetryAfter))
 	}
@@ -144,36 +151,66 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	return shown
 }
 
-// writeHeaders writes the IETF and/or legacy headers for one verdict.
+// Header names in canonical form (what http.Header.Set would store), so
+// writing them skips the canonicalization and its allocation.
+const (
+	hdrPolicy    = "Ratelimit-Policy"
+	hdrRateLimit = "Ratelimit"
+	hdrLimit     = "X-Ratelimit-Limit"
+	hdrRemaining = "X-Ratelimit-Remaining"
+	hdrReset     = "X-Ratelimit-Reset"
+)
+
+// writeHeaders writes the IETF and/or legacy headers for one verdict. It
+// runs on every request, so it allocates little: the numbers and the
+// RateLimit item are rendered into one string and sliced, and the header
+// values share one backing array.
 func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Verdict) {
 	wait := v.Result.Reset
 	if !v.Result.Allowed {
 		wait = v.Result.RetryAfter
 	}
 	secs := ceilSeconds(wait)
-	if h.headerMode == headersBoth || h.headerMode == headersIETF {
+	ietf := h.headerMode == headersBoth || h.headerMode == headersIETF
+	legacy := h.headerMode == headersBoth || h.headerMode == headersLegacy
+
+	// "name";r=R;t=T, then R and T alone.
+	var buf [160]byte
+	b := append(buf[:0], '"')
+	b = append(b, p.policy.Name...)
+	b = append(b, `";r=`...)
+	b = strconv.AppendInt(b, v.Result.Remaining, 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, secs, 10)
+	item := len(b)
+	b = strconv.AppendInt(b, v.Result.Remaining, 10)
+	rem := len(b)
+	b = strconv.AppendInt(b, secs, 10)
+	all := string(b)
+
+	var vals [5]string
+	n := 0
+	set := func(key, val string) {
+		vals[n] = val
+		hdr[key] = vals[n : n+1 : n+1]
+		n++
+	}
+	if ietf {
 		pol := p.ownPolicyHeader
 		if v.Source != limiter.SourcePolicy {
 			pol = policyHeader(p.policy.Name, p.policy.Algorithm, v.Limit.Rate)
 		}
-		hdr.Set("RateLimit-Policy", pol)
-		b := make([]byte, 0, len(p.policy.Name)+32)
-		b = append(b, '"')
-		b = append(b, p.policy.Name...)
-		b = append(b, `";r=`...)
-		b = strconv.AppendInt(b, v.Result.Remaining, 10)
-		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, secs, 10)
-		hdr.Set("RateLimit", string(b))
+		set(hdrPolicy, pol)
+		set(hdrRateLimit, all[:item])
 	}
-	if h.headerMode == headersBoth || h.headerMode == headersLegacy {
+	if legacy {
 		lim := p.ownLimitHeader
 		if v.Source != limiter.SourcePolicy {
 			lim = strconv.FormatInt(v.Limit.Limit, 10)
 		}
-		hdr.Set("X-RateLimit-Limit", lim)
-		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(v.Result.Remaining, 10))
-		hdr.Set("X-RateLimit-Reset", strconv.FormatInt(secs, 10))
+		set(hdrLimit, lim)
+		set(hdrRemaining, all[item:rem])
+		set(hdrReset, all[rem:])
 	}
 }
 

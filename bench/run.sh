@@ -5,8 +5,9 @@
 # Scenarios: plain `respond`, rate_limit on the embedded store, on Redis
 # without a lease (one script call per request) and on Redis with lease 50.
 #
-#   ./bench/run.sh                 # 10 s per scenario
+#   ./bench/run.sh                 # 3 rounds of 10 s per scenario
 #   DURATION=30s ./bench/run.sh    # longer runs
+#   ROUNDS=5 ./bench/run.sh        # more interleaved rounds (default 3)
 #
 # Installs wrk and redis-server from Debian packages when missing. Prints a
 # Markdown table and writes it to bench/results/latest.md.
@@ -16,6 +17,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
+ROUNDS=${ROUNDS:-3}
 
 need=()
 command -v wrk >/dev/null || need+=(wrk)
@@ -99,25 +101,52 @@ redis_block="redis {
 			address 127.0.0.1:$redis_port
 		}"
 
+# Rounds interleave the scenarios (A B C D, A B C D, ...) so that drift of
+# a noisy machine hits all of them alike; each ratio is taken against the
+# baseline of its own round, and the table shows medians over rounds.
 results=()
-results+=("$(scenario baseline '')")
-results+=("$(scenario embedded "$(printf "$policy" '' '')")")
-results+=("$(scenario redis "$(printf "$policy" "$redis_block" '')")")
-results+=("$(scenario redis_lease "$(printf "$policy" "$redis_block" 'lease 50')")")
+for round in $(seq "$ROUNDS"); do
+	echo "round $round of $ROUNDS..." >&2
+	results+=("$(scenario baseline '')")
+	results+=("$(scenario embedded "$(printf "$policy" '' '')")")
+	results+=("$(scenario redis "$(printf "$policy" "$redis_block" '')")")
+	results+=("$(scenario redis_lease "$(printf "$policy" "$redis_block" 'lease 50')")")
+done
 
 mkdir -p bench/results
-python3 - "${results[@]}" <<'PY' | tee bench/results/latest.md
-import sys, subprocess
-rows = [r.split() for r in sys.argv[1:]]
-base = float(rows[0][1])
+python3 - "$ROUNDS" "$DURATION" "$CONNECTIONS" "${results[@]}" <<'PY' | tee bench/results/latest.md
+import sys, statistics
+rounds, duration, conns = sys.argv[1], sys.argv[2], sys.argv[3]
+rows = [r.split() for r in sys.argv[4:]]
 labels = {
     "baseline": "plain Caddy `respond` (baseline)",
     "embedded": "rate_limit, embedded store",
     "redis": "rate_limit, Redis, no lease",
     "redis_lease": "rate_limit, Redis, `lease 50`",
 }
+def ms(v):
+    for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
+        if v.endswith(unit):
+            return float(v[:-len(unit)]) * f
+    return float(v)
+order, by = [], {}
+base = None
+for name, rps, p50, p99, calls in rows:
+    if name == "baseline":
+        base = float(rps)
+    if name not in by:
+        order.append(name)
+        by[name] = []
+    by[name].append((float(rps), float(rps) / base, ms(p50), ms(p99), float(calls)))
+med = lambda xs: statistics.median(xs)
+print(f"{rounds} interleaved rounds of {duration}, {conns} connections; medians over rounds, ratio against the same round's baseline.")
+print()
 print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request |")
 print("|---|---|---|---|---|---|")
-for name, rps, p50, p99, calls in rows:
-    print(f"| {labels.get(name, name)} | {float(rps):.0f} | {float(rps)/base:.2f} | {p50} | {p99} | {calls} |")
+for name in order:
+    xs = by[name]
+    ratios = sorted(x[1] for x in xs)
+    spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+    print(f"| {labels.get(name, name)} | {med([x[0] for x in xs]):.0f} | {med(ratios):.2f}{spread} | "
+          f"{med([x[2] for x in xs]):.2f} ms | {med([x[3] for x in xs]):.2f} ms | {med([x[4] for x in xs]):.3f} |")
 PY
