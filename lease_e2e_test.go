@@ -131,4 +131,17 @@ func TestLeaseEndToEnd(t *testing.T) {
 	if got := after.delta(before, units, "policy", "hold", "event", "returned"); got < 1 {
 		t.Errorf("hold: %v units returned", got)
 	}
+
+	// Each handler's lease cache (and its sweeper) goes with the handler:
+	// 20 reloads with traffic leave no goroutine behind.
+	testClient.CloseIdleConnections()
+	goroutines := stableGoroutines()
+	for i := range 20 {
+		s.load("", leaseSite(srv.Addr), nil)
+		s.get("/hold", "X-Tenant", fmt.Sprintf("t%d", i))
+	}
+	testClient.CloseIdleConnections()
+	if n := stableGoroutines(); n > goroutines+5 {
+		t.Errorf("goroutines grew from %d to %d over 20 reloads", goroutines, n)
+	}
 }
