@@ -441,6 +441,39 @@ func TestRedisCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("Lease", func(t *testing.T) {
+		// A tenant's policies share a slot and lease together; checks of
+		// several tenants (several slots) cannot lease and are decided
+		// slot by slot instead. Both stay exact.
+		calls := &scriptCounter{}
+		rs := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout, Observe: calls.observe})
+		ls := NewLeaseStore(LeaseOptions{Store: rs, Taker: rs})
+		defer ls.Close()
+		lease := Lease{Max: 20, TTL: time.Minute}
+		one := []Check{
+			{Algorithm: TokenBucket, Tenant: "lease-a", Policy: "p1", Rate: Rate{Limit: 100, Window: time.Hour}, Cost: 1, Lease: lease},
+			{Algorithm: FixedWindow, Tenant: "lease-a", Policy: "p2", Rate: Rate{Limit: 60, Window: time.Hour}, Cost: 1, Lease: lease},
+		}
+		multi := []Check{
+			{Algorithm: TokenBucket, Tenant: "lease-b", Policy: "p1", Rate: Rate{Limit: 100, Window: time.Hour}, Cost: 1, Lease: lease},
+			{Algorithm: FixedWindow, Tenant: "lease-c", Policy: "p2", Rate: Rate{Limit: 60, Window: time.Hour}, Cost: 1, Lease: lease},
+		}
+		if keySlot([]byte("{lease-b}")) == keySlot([]byte("{lease-c}")) {
+			t.Fatal("pick tenants in different slots")
+		}
+		for name, checks := range map[string][]Check{"one slot": one, "two slots": multi} {
+			if got := hammer(t, ls, checks); got != 60 {
+				t.Errorf("%s: admitted %d, want exactly 60", name, got)
+			}
+		}
+		if calls.get("lease") == 0 || calls.get("lease") > 200 {
+			t.Errorf("one slot: %d lease calls for 2400 requests", calls.get("lease"))
+		}
+		if calls.get("decide") < 2400 {
+			t.Errorf("two slots: %d decide calls, want one per slot and request", calls.get("decide"))
+		}
+	})
+
 	t.Run("OneSlotPerTenant", func(t *testing.T) {
 		// Every key of a tenant, across algorithms, policies and parts,
 		// lands in the slot of its hash tag; a tenant made of braces cannot
