@@ -261,3 +261,34 @@ func TestBuildPolicyErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestPolicyLease: the handler's lease is every policy's default, a
+// policy's own lease (0 included) wins, and algorithms that cannot lease
+// never get one.
+func TestPolicyLease(t *testing.T) {
+	var h Handler
+	if err := json.Unmarshal([]byte(`{"lease":{"max_tokens":10,"ttl":"2s"},"rate_limits":{
+		"inherits":{"max_events":5,"window":"1s"},
+		"own":{"algorithm":"gcra","max_events":5,"window":"1s","lease":{"max_tokens":3}},
+		"off":{"algorithm":"fixed_window","max_events":5,"window":"1s","lease":{"max_tokens":0}},
+		"log":{"algorithm":"sliding_log","max_events":5,"window":"1s"},
+		"conc":{"algorithm":"concurrency","max_events":5}}}`), &h); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]limiter.Lease{
+		"inherits": {Max: 10, TTL: 2 * time.Second},
+		"own":      {Max: 3},
+		"off":      {},
+		"log":      {},
+		"conc":     {},
+	}
+	for name, lease := range want {
+		p, err := buildPolicy(name, h.RateLimits[name], &h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Lease != lease {
+			t.Errorf("%s: lease %+v, want %+v", name, p.Lease, lease)
+		}
+	}
+}
