@@ -107,6 +107,17 @@ func TestLeaseEndToEnd(t *testing.T) {
 		t.Errorf("hold: %v decisions served from the lease", got)
 	}
 
+	// A runtime override that raises the limit takes effect at once: the
+	// cached denial belongs to the old limit.
+	s.adminOK("PUT", "/rate_limit/overrides", `{"tenant":"beta","policy":"small","max_events":3,"window":"1h"}`)
+	if c := s.statuses(4, "/small", "X-Tenant", "beta"); c[200] != 3 || c[429] != 1 {
+		t.Fatalf("small for beta: %v", c)
+	}
+	s.adminOK("PUT", "/rate_limit/overrides", `{"tenant":"beta","policy":"small","max_events":5,"window":"1h"}`)
+	if c := s.statuses(3, "/small", "X-Tenant", "beta"); c[200] != 2 || c[429] != 1 {
+		t.Fatalf("small for beta after raising its limit to 5: %v, want 2 more admitted", c)
+	}
+
 	// Reset: the local lease of the tenant goes with the Redis bucket.
 	s.adminOK("POST", "/rate_limit/reset?tenant=acme", "")
 	if r := s.get("/hold", "X-Tenant", "acme"); r.header.Get("X-RateLimit-Remaining") != "999" {
@@ -144,4 +155,51 @@ func TestLeaseEndToEnd(t *testing.T) {
 	if n := stableGoroutines(); n > goroutines+5 {
 		t.Errorf("goroutines grew from %d to %d over 20 reloads", goroutines, n)
 	}
+}
+
+// TestLeaseRedisOutage: when Redis dies, a Caddy keeps serving the units it
+// had leased (they are charged already), then its fail mode decides (here
+// closed: 429); once Redis is back, leases resume.
+func TestLeaseRedisOutage(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := startCaddyAdmin(t, "", fmt.Sprintf(`
+	rate_limit {
+		redis {
+			address %s
+			timeout 100ms
+			breaker_cooldown 200ms
+		}
+		tenant {http.request.header.X-Tenant}
+		lease 50 1h
+		fail closed
+		policy api {
+			limit 1000
+			window 1h
+		}
+	}
+	respond "ok"`, srv.Addr), nil)
+	for i := range 40 {
+		if r := s.get("/", "X-Tenant", "acme"); r.status != http.StatusOK {
+			t.Fatalf("warm-up %d: %d", i, r.status)
+		}
+	}
+	st := s.adminOK("GET", "/rate_limit/status", "")
+	lease := st["handlers"].([]any)[0].(map[string]any)["policies"].([]any)[0].(map[string]any)["lease"].(map[string]any)
+	held := int(lease["units"].(float64))
+	if held <= 0 {
+		t.Fatalf("nothing leased after 40 requests: %v", lease)
+	}
+
+	srv.Kill()
+	for i := range held {
+		if r := s.get("/", "X-Tenant", "acme"); r.status != http.StatusOK {
+			t.Fatalf("leased unit %d of %d with Redis down: %d", i+1, held, r.status)
+		}
+	}
+	if r := s.get("/", "X-Tenant", "acme"); r.status != http.StatusTooManyRequests {
+		t.Fatalf("after the lease ran out with Redis down (fail closed): %d", r.status)
+	}
+
+	srv.Restart(t)
+	waitFor(t, func() bool { return s.get("/", "X-Tenant", "acme").status == http.StatusOK })
 }
