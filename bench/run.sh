@@ -5,9 +5,9 @@
 # Scenarios: plain `respond`, rate_limit on the embedded store, on Redis
 # without a lease (one script call per request) and on Redis with lease 50.
 #
-#   ./bench/run.sh                 # 3 rounds of 10 s per scenario
+#   ./bench/run.sh                 # 4 rounds of 10 s per scenario
 #   DURATION=30s ./bench/run.sh    # longer runs
-#   ROUNDS=5 ./bench/run.sh        # more interleaved rounds (default 3)
+#   ROUNDS=8 ./bench/run.sh        # more interleaved rounds (default 4)
 #
 # Installs wrk and redis-server from Debian packages when missing. Prints a
 # Markdown table and writes it to bench/results/latest.md.
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-4}
 
 need=()
 command -v wrk >/dev/null || need+=(wrk)
@@ -101,16 +101,19 @@ redis_block="redis {
 			address 127.0.0.1:$redis_port
 		}"
 
-# Rounds interleave the scenarios (A B C D, A B C D, ...) so that drift of
-# a noisy machine hits all of them alike; each ratio is taken against the
-# baseline of its own round, and the table shows medians over rounds.
+# Rounds interleave the scenarios and rotate their order (A B C D, B C D A,
+# ...) so that drift of a noisy machine, and whatever one scenario leaves
+# behind for the next, hits all of them alike; each ratio is taken against
+# the baseline of its own round, and the table shows medians over rounds.
+names=(baseline embedded redis redis_lease)
+blocks=("" "$(printf "$policy" '' '')" "$(printf "$policy" "$redis_block" '')" "$(printf "$policy" "$redis_block" 'lease 50')")
 results=()
 for round in $(seq "$ROUNDS"); do
 	echo "round $round of $ROUNDS..." >&2
-	results+=("$(scenario baseline '')")
-	results+=("$(scenario embedded "$(printf "$policy" '' '')")")
-	results+=("$(scenario redis "$(printf "$policy" "$redis_block" '')")")
-	results+=("$(scenario redis_lease "$(printf "$policy" "$redis_block" 'lease 50')")")
+	for i in 0 1 2 3; do
+		j=$(((i + round - 1) % 4))
+		results+=("$round $(scenario "${names[$j]}" "${blocks[$j]}")")
+	done
 done
 
 mkdir -p bench/results
@@ -129,15 +132,11 @@ def ms(v):
         if v.endswith(unit):
             return float(v[:-len(unit)]) * f
     return float(v)
-order, by = [], {}
-base = None
-for name, rps, p50, p99, calls in rows:
-    if name == "baseline":
-        base = float(rps)
-    if name not in by:
-        order.append(name)
-        by[name] = []
-    by[name].append((float(rps), float(rps) / base, ms(p50), ms(p99), float(calls)))
+order = ["baseline", "embedded", "redis", "redis_lease"]
+base = {rnd: float(rps) for rnd, name, rps, *_ in rows if name == "baseline"}
+by = {name: [] for name in order}
+for rnd, name, rps, p50, p99, calls in rows:
+    by[name].append((float(rps), float(rps) / base[rnd], ms(p50), ms(p99), float(calls)))
 med = lambda xs: statistics.median(xs)
 print(f"{rounds} interleaved rounds of {duration}, {conns} connections; medians over rounds, ratio against the same round's baseline.")
 print()
