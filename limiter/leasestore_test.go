@@ -308,40 +308,19 @@ func TestLeaseFleetExact(t *testing.T) {
 	for _, algo := range []Algorithm{FixedWindow, SlidingWindow} {
 		t.Run(algo.String(), func(t *testing.T) {
 			c := leaseCheck(algo, "fleet-"+algo.String(), 1000, MaxWindow, Lease{Max: 50, TTL: time.Minute})
-			var stores []*LeaseStore
+			var stores []Store
 			for i := 0; i < 3; i++ {
 				stores = append(stores, newLeaseFixture(t, srv, false, 3).lease)
 			}
-			var admitted atomic.Int64
-			var wg sync.WaitGroup
-			for _, s := range stores {
-				for w := 0; w < 4; w++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						res := make([]Result, 1)
-						for i := 0; i < 400; i++ {
-							ok, err := s.Decide(bgCtx, []Check{c}, res)
-							if err != nil {
-								t.Error(err)
-								return
-							}
-							if ok {
-								admitted.Add(1)
-							}
-						}
-					}()
-				}
-			}
-			wg.Wait()
+			admitted := hammerStores(t, stores, 4, 400, []Check{c})
 			var held int64
 			for _, s := range stores {
-				held += s.Stats()["p"].Units
+				held += s.(*LeaseStore).Stats()["p"].Units
 			}
-			if got := admitted.Load(); got > 1000 || got+held != 1000 {
-				t.Fatalf("admitted %d, held %d: want at most 1000 and exactly 1000 together", got, held)
+			if admitted > 1000 || admitted+held != 1000 {
+				t.Fatalf("admitted %d, held %d: want at most 1000 and exactly 1000 together", admitted, held)
 			}
-			t.Logf("admitted %d, %d still leased", admitted.Load(), held)
+			t.Logf("admitted %d, %d still leased", admitted, held)
 		})
 	}
 }

@@ -234,24 +234,31 @@ func TestRedisScriptFlush(t *testing.T) {
 // were admitted.
 func hammer(t *testing.T, s Store, checks []Check) int64 {
 	t.Helper()
+	return hammerStores(t, []Store{s}, 8, 300, checks)
+}
+
+// hammerStores runs, on each store, workers goroutines of n Decides of
+// checks and returns how many were admitted in all.
+func hammerStores(t *testing.T, stores []Store, workers, n int, checks []Check) int64 {
+	t.Helper()
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res := make([]Result, len(checks))
-			for i := 0; i < 300; i++ {
-				ok, err := s.Decide(bgCtx, checks, res)
-				if err != nil {
-					t.Error(err)
-					return
+	for _, s := range stores {
+		for range workers {
+			wg.Go(func() {
+				res := make([]Result, len(checks))
+				for range n {
+					ok, err := s.Decide(bgCtx, checks, res)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if ok {
+						admitted.Add(1)
+					}
 				}
-				if ok {
-					admitted.Add(1)
-				}
-			}
-		}()
+			})
+		}
 	}
 	wg.Wait()
 	return admitted.Load()
