@@ -112,25 +112,19 @@ func testFleetExact(t *testing.T, redisBlock string) {
 		var wg sync.WaitGroup
 		for i := range 600 {
 			wg.Go(func() {
-				res, err := testClient.Do(newGet(t, fleet[i%3].base+"/"+algo, "acme"))
+				status, err := tenantGet(t, fleet[i%3].base+"/"+algo, "acme")
 				if err != nil {
 					errors.Add(1)
-					return
-				}
-				res.Body.Close()
-				if res.StatusCode == 200 {
+				} else if status == 200 {
 					admitted.Add(1)
 				}
 			})
 			if i%20 == 0 {
 				wg.Go(func() {
-					res, err := testClient.Do(newGet(t, fleet[i%3].base+"/"+algo, "globex"))
+					status, err := tenantGet(t, fleet[i%3].base+"/"+algo, "globex")
 					if err != nil {
 						errors.Add(1)
-						return
-					}
-					res.Body.Close()
-					if res.StatusCode == 200 {
+					} else if status == 200 {
 						other.Add(1)
 					}
 				})
@@ -148,12 +142,8 @@ func testFleetExact(t *testing.T, redisBlock string) {
 	var admitted atomic.Int64
 	for i := range 30 {
 		wg.Go(func() {
-			res, err := testClient.Do(newGet(t, fleet[i%3].base+"/slow", "acme"))
-			if err == nil {
-				res.Body.Close()
-				if res.StatusCode == 200 {
-					admitted.Add(1)
-				}
+			if status, err := tenantGet(t, fleet[i%3].base+"/slow", "acme"); err == nil && status == 200 {
+				admitted.Add(1)
 			}
 		})
 	}
@@ -164,6 +154,16 @@ func testFleetExact(t *testing.T, redisBlock string) {
 	if maxInflight.Load() != 5 || admitted.Load() < 5 {
 		t.Errorf("concurrency: max in flight %d (want 5), admitted %d (want >= 5)", maxInflight.Load(), admitted.Load())
 	}
+}
+
+// tenantGet sends newGet(url, tenant) and returns the response status.
+func tenantGet(t *testing.T, url, tenant string) (int, error) {
+	res, err := testClient.Do(newGet(t, url, tenant))
+	if err != nil {
+		return 0, err
+	}
+	res.Body.Close()
+	return res.StatusCode, nil
 }
 
 func newGet(t *testing.T, url, tenant string) *http.Request {
