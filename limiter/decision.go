@@ -81,7 +81,7 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 			d.Verdicts[i].Result = Result{Allowed: true, Remaining: -1}
 			continue
 		}
-		c := Check{
+		d.checks = append(d.checks, Check{
 			Algorithm: it.Policy.Algorithm,
 			Tenant:    it.Tenant,
 			Policy:    it.Policy.Name,
@@ -89,13 +89,10 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 			Rate:      limit.Rate,
 			Cost:      it.Cost,
 			Shadow:    limit.Shadow,
-		}
-		if !limit.Shadow && it.Policy.Algorithm.SupportsLease() {
-			// Shadow checks are never leased, so their would-deny logs
-			// stay exact.
-			c.Lease = it.Policy.Lease
-		}
-		d.checks = append(d.checks, c)
+			// A LeaseStore decides which checks it may lease (never
+			// shadow ones, nor algorithms that cannot lease).
+			Lease: it.Policy.Lease,
+		})
 		d.counted = append(d.counted, i)
 	}
 	if len(d.checks) == 0 {
