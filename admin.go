@@ -3,6 +3,7 @@ package tollgate
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -509,10 +510,27 @@ func (adminAPI) overrides(w http.ResponseWriter, r *http.Request) error {
 	return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use GET, PUT or DELETE", r.Method)
 }
 
+// maxAdminBody bounds the JSON body of an admin request.
+const maxAdminBody = 64 << 10
+
+// readBody reads a request body of at most maxAdminBody bytes: 413 when it
+// is larger, 400 when it cannot be read.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, apiError(http.StatusRequestEntityTooLarge, "request body larger than %d bytes", maxAdminBody)
+	case err != nil:
+		return nil, apiError(http.StatusBadRequest, "reading body: %v", err)
+	}
+	return body, nil
+}
+
 func putOverride(w http.ResponseWriter, r *http.Request) error {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+	body, err := readBody(w, r)
 	if err != nil {
-		return apiError(http.StatusBadRequest, "reading body: %v", err)
+		return err
 	}
 	var j overrideJSON
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -526,9 +544,6 @@ func putOverride(w http.ResponseWriter, r *http.Request) error {
 	o, err := j.parse(time.Now())
 	if err != nil {
 		return apiError(http.StatusBadRequest, "%v", err)
-	}
-	if !o.Unlimited && o.MaxEvents == 0 {
-		return apiError(http.StatusBadRequest, "max_events is required (a positive integer) unless unlimited")
 	}
 	if !o.Expires.IsZero() && !o.Expires.After(time.Now()) {
 		return apiError(http.StatusBadRequest, "expires is in the past")
@@ -563,7 +578,11 @@ func deleteOverride(w http.ResponseWriter, r *http.Request) error {
 	tenant, policy := q.Get("tenant"), q.Get("policy")
 	if tenant == "" || policy == "" {
 		var j overrideJSON
-		if body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<16)); len(body) > 0 {
+		body, err := readBody(w, r)
+		if err != nil {
+			return err
+		}
+		if len(body) > 0 {
 			if err := json.Unmarshal(body, &j); err != nil {
 				return apiError(http.StatusBadRequest, "malformed JSON: %v", err)
 			}

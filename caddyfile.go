@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -145,7 +146,7 @@ var handlerBlock = block[*Handler]{
 	{name: "jitter", usage: "jitter <fraction>", parse: parseJitter},
 	{name: "denials_stream", usage: "denials_stream [<maxlen>]", parse: parseDenialsStream},
 	{name: "metrics_tenants", usage: "metrics_tenants <n>", parse: func(p cfParser, h *Handler) (err error) {
-		h.MetricsTenants, err = p.intArg(0, "a non-negative integer")
+		h.MetricsTenants, err = p.intRange(0, maxMetricsTenants)
 		return err
 	}},
 	{name: "log_key", usage: "log_key", repeatable: true, parse: func(p cfParser, h *Handler) error {
@@ -184,7 +185,7 @@ var policyBlock = block[*policyState]{
 		return nil
 	}},
 	{name: "limit", aliases: []string{"events"}, usage: "limit <n>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.MaxEvents, err = p.int64Arg(1, "a positive integer")
+		ps.pc.MaxEvents, err = p.countArg(1)
 		return err
 	}},
 	{name: "window", usage: "window <duration>", parse: func(p cfParser, ps *policyState) (err error) {
@@ -192,7 +193,7 @@ var policyBlock = block[*policyState]{
 		return err
 	}},
 	{name: "burst", usage: "burst <n>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.Burst, err = p.int64Arg(1, "a positive integer")
+		ps.pc.Burst, err = p.countArg(1)
 		return err
 	}},
 	{name: "cost", usage: "cost <n|placeholder>", parse: func(p cfParser, ps *policyState) error {
@@ -207,7 +208,7 @@ var policyBlock = block[*policyState]{
 		return nil
 	}},
 	{name: "min_interval", usage: "min_interval <duration>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.MinInterval, err = p.durationArg()
+		ps.pc.MinInterval, err = p.intervalArg()
 		return err
 	}},
 	{name: "tier", usage: "tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
@@ -519,13 +520,14 @@ func (p cfParser) parseInt(s string, min, max int64, want string) (int64, error)
 	return n, nil
 }
 
-// int64Arg reads one integer argument of at least min.
-func (p cfParser) int64Arg(min int64, want string) (int64, error) {
+// countArg reads one count (a limit, a burst) from least to
+// limiter.MaxCount.
+func (p cfParser) countArg(least int64) (int64, error) {
 	s, err := p.word()
 	if err != nil {
 		return 0, err
 	}
-	return p.parseInt(s, min, math.MaxInt64, want)
+	return p.parseInt(s, least, limiter.MaxCount, countRange(least))
 }
 
 // intArg reads one int argument of at least min.
@@ -579,17 +581,30 @@ func (p cfParser) durationText() (string, error) {
 	return s, err
 }
 
-// parseWindow parses a policy or tier window: positive and at most
+// parseWindow parses a policy or tier window, from limiter.MinWindow to
 // limiter.MaxWindow.
 func (p cfParser) parseWindow(s string) (caddy.Duration, error) {
 	w, err := p.parseDuration(s)
 	if err != nil {
 		return 0, err
 	}
-	if err := checkWindow(w); err != nil {
+	if err := limiter.CheckWindow(time.Duration(w)); err != nil {
 		return 0, p.dirErr("%v", err)
 	}
 	return w, nil
+}
+
+// intervalArg reads a min_interval: a positive duration up to
+// limiter.MaxWindow.
+func (p cfParser) intervalArg() (caddy.Duration, error) {
+	d, err := p.durationArg()
+	if err != nil {
+		return 0, err
+	}
+	if err := limiter.CheckInterval(time.Duration(d)); err != nil {
+		return 0, p.dirErr("%v", err)
+	}
+	return d, nil
 }
 
 // windowArg reads one window argument.
@@ -608,11 +623,11 @@ func (p cfParser) lease() (*LeaseConfig, error) {
 		return nil, err
 	}
 	lc := new(LeaseConfig)
-	if lc.MaxTokens, err = p.parseInt(args[0], 0, math.MaxInt64, "a non-negative integer; 0 disables leasing"); err != nil {
+	if lc.MaxTokens, err = p.parseInt(args[0], 0, limiter.MaxCount, countRange(0)+"; 0 disables leasing"); err != nil {
 		return nil, err
 	}
 	if len(args) == 2 {
-		if lc.TTL, err = p.parseDuration(args[1]); err != nil {
+		if lc.TTL, err = p.parseWindow(args[1]); err != nil {
 			return nil, err
 		}
 	}
@@ -854,7 +869,7 @@ func (ps *policyState) parseLimitRule(p cfParser, m *map[string]*LimitConfig) er
 		}
 		lc.Unlimited = true
 	} else {
-		if lc.MaxEvents, err = p.parseInt(args[1], 1, math.MaxInt64, "a positive integer or unlimited"); err != nil {
+		if lc.MaxEvents, err = p.parseInt(args[1], 1, limiter.MaxCount, countRange(1)+", or unlimited"); err != nil {
 			return err
 		}
 		if err := p.limitOptions(lc, args[2:]); err != nil {
@@ -881,7 +896,7 @@ func (p cfParser) limitOptions(lc *LimitConfig, opts []string) error {
 				return p.dirErr("burst must be given once, with a value; usage: %s", p.usage)
 			}
 			i++
-			lc.Burst, err = p.parseInt(opts[i], 1, math.MaxInt64, "a positive integer")
+			lc.Burst, err = p.parseInt(opts[i], 1, limiter.MaxCount, countRange(1))
 			burst = true
 		case opt == "shadow":
 			if shadow {

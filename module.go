@@ -354,12 +354,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	d := &st.decision
 	d.Overrides = h.overrides
 	start := h.decisionStart()
+	var err error
 	if h.Redis == nil {
-		if err := d.Decide(r.Context(), h.store, st.items); err != nil {
-			return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
-		}
-	} else if err := d.DecideOrFallback(r.Context(), h.store, h.fallbackNow(), st.items); err != nil {
+		err = d.Decide(r.Context(), h.store, st.items)
+	} else if err = d.DecideOrFallback(r.Context(), h.store, h.fallbackNow(), st.items); err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
+		// The store failed and the fail modes decided: d is complete.
 		h.storeFailed(err)
+		err = nil
+	}
+	if err != nil {
+		// Input the store refused: a bug, never a reason to admit.
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
 	}
 	h.recordDecision(st, start)
 	shown := h.report(w, r, repl, st)

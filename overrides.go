@@ -70,16 +70,21 @@ func (o *runtimeOverride) UnmarshalJSON(b []byte) error {
 // parse checks the wire form; an expires that is a duration counts from now.
 func (j overrideJSON) parse(now time.Time) (runtimeOverride, error) {
 	o := runtimeOverride{Tenant: j.Tenant, Policy: j.Policy, MaxEvents: j.MaxEvents, Burst: j.Burst, Unlimited: j.Unlimited, Shadow: j.Shadow}
-	if o.MaxEvents < 0 {
-		return o, errors.New("max_events must not be negative")
+	if o.MaxEvents != 0 || !o.Unlimited {
+		if err := limiter.CheckCount(o.MaxEvents, 1); err != nil {
+			return o, fmt.Errorf("max_events: %w", err)
+		}
 	}
-	if o.Burst < 0 {
-		return o, errors.New("burst must not be negative")
+	if err := limiter.CheckCount(o.Burst, 0); err != nil {
+		return o, fmt.Errorf("burst: %w", err)
 	}
 	if j.Window != "" {
 		d, err := time.ParseDuration(j.Window)
-		if err != nil || d <= 0 {
-			return o, fmt.Errorf("window %q: want a positive duration such as 1m", j.Window)
+		if err != nil {
+			return o, fmt.Errorf("window: %q: want a duration such as 1m", j.Window)
+		}
+		if err := limiter.CheckWindow(d); err != nil {
+			return o, fmt.Errorf("window: %w", err)
 		}
 		o.Window = d
 	}

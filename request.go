@@ -1,6 +1,8 @@
 package tollgate
 
 import (
+	"errors"
+	"math"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -89,13 +91,20 @@ func (p *policyRuntime) matches(r *http.Request) (bool, error) {
 }
 
 // requestCost resolves the cost of r in this policy. A placeholder that
-// does not resolve to a non-negative integer costs 1.
+// does not resolve to an integer, or resolves to a negative one, costs 1.
+// A number beyond limiter.MaxCount (even one too large for an int64) is
+// returned as math.MaxInt64: such a request can never be admitted, and the
+// engine denies it without any fail mode (a client cannot buy its way
+// past a limit by overflowing a store).
 func (p *policyRuntime) requestCost(repl *caddy.Replacer) int64 {
 	if p.cost >= 0 {
 		return p.cost
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(expand(repl, p.costTemplate)), 10, 64)
-	if err != nil || n < 0 {
+	switch {
+	case errors.Is(err, strconv.ErrRange) && n > 0, err == nil && n > limiter.MaxCount:
+		return math.MaxInt64
+	case err != nil || n < 0:
 		return 1
 	}
 	return n

@@ -28,6 +28,16 @@ var (
 // mistake and would make Retry-After arithmetic overflow-prone.
 const maxJitter = 100
 
+// maxMetricsTenants bounds metrics_tenants: every tenant series is a
+// Prometheus series per policy and decision, and the top-k that finds them
+// keeps about 4n entries.
+const maxMetricsTenants = 10000
+
+// countRange describes the allowed counts from least to limiter.MaxCount.
+func countRange(least int64) string {
+	return fmt.Sprintf("an integer from %d to %d", least, limiter.MaxCount)
+}
+
 // nameRule describes limiter.ValidName for error messages.
 const nameRule = "use 1-64 letters, digits, '_', '-' or '.'"
 
@@ -60,8 +70,8 @@ func (h *Handler) validateConfig() error {
 	if h.DenialsStream < 0 {
 		return fmt.Errorf("denials_stream: %d: must not be negative (0 disables the stream)", h.DenialsStream)
 	}
-	if h.MetricsTenants < 0 {
-		return fmt.Errorf("metrics_tenants: %d: must not be negative (0 disables per-tenant series)", h.MetricsTenants)
+	if h.MetricsTenants < 0 || h.MetricsTenants > maxMetricsTenants {
+		return fmt.Errorf("metrics_tenants: %d is out of range (allowed: 0 to %d; 0 disables per-tenant series)", h.MetricsTenants, maxMetricsTenants)
 	}
 	if h.SweepInterval < 0 {
 		return fmt.Errorf("sweep_interval: %s: must not be negative", time.Duration(h.SweepInterval))
@@ -103,8 +113,11 @@ func validatePolicy(name string, pc *PolicyConfig, h *Handler) error {
 	if err != nil {
 		return fmt.Errorf("%s: algorithm %q: unknown (allowed: %s)", path, pc.Algorithm, limiter.AlgorithmNames)
 	}
-	if pc.MaxEvents <= 0 {
-		return fmt.Errorf("%s.max_events: %d: required, must be a positive integer", path, pc.MaxEvents)
+	if pc.MaxEvents == 0 {
+		return fmt.Errorf("%s.max_events: required (%s)", path, countRange(1))
+	}
+	if err := limiter.CheckCount(pc.MaxEvents, 1); err != nil {
+		return fmt.Errorf("%s.max_events: %w", path, err)
 	}
 	if err := checkPolicyWindow(path, pc.Window, alg); err != nil {
 		return err
@@ -115,8 +128,8 @@ func validatePolicy(name string, pc *PolicyConfig, h *Handler) error {
 	if err := checkCost(pc.Cost); err != nil {
 		return fmt.Errorf("%s.%w", path, err)
 	}
-	if pc.MinInterval < 0 {
-		return fmt.Errorf("%s.min_interval: must not be negative", path)
+	if err := limiter.CheckInterval(time.Duration(pc.MinInterval)); err != nil {
+		return fmt.Errorf("%s.min_interval: %w", path, err)
 	}
 	if pc.MinInterval > 0 && alg != limiter.SlidingLog {
 		return fmt.Errorf("%s.min_interval: %s", path, minIntervalMisuse(alg))
@@ -164,43 +177,38 @@ func checkLimitConfig(path, name string, lc *LimitConfig, alg limiter.Algorithm)
 			return fmt.Errorf("%s: unlimited excludes max_events, window and burst", path)
 		}
 		return nil
-	case lc.MaxEvents <= 0:
-		return fmt.Errorf("%s.max_events: %d: required, must be a positive integer (or set unlimited)", path, lc.MaxEvents)
-	case lc.Window < 0:
-		return fmt.Errorf("%s.window: must not be negative (0 means the policy's window)", path)
+	case lc.MaxEvents == 0:
+		return fmt.Errorf("%s.max_events: required (%s), or set unlimited", path, countRange(1))
 	}
-	if err := checkWindow(lc.Window); err != nil {
-		return fmt.Errorf("%s.window: %w", path, err)
+	if err := limiter.CheckCount(lc.MaxEvents, 1); err != nil {
+		return fmt.Errorf("%s.max_events: %w", path, err)
+	}
+	if lc.Window != 0 {
+		if err := limiter.CheckWindow(time.Duration(lc.Window)); err != nil {
+			return fmt.Errorf("%s.window: %w (0 means the policy's window)", path, err)
+		}
 	}
 	return checkBurst(path, lc.Burst, alg)
 }
 
 // checkPolicyWindow checks a policy's own window.
 func checkPolicyWindow(path string, w caddy.Duration, alg limiter.Algorithm) error {
-	if w < 0 {
-		return fmt.Errorf("%s.window: must not be negative", path)
-	}
 	if w == 0 && alg != limiter.Concurrency {
 		return fmt.Errorf("%s.window: required for algorithm %s (only concurrency takes none)", path, alg)
 	}
-	if err := checkWindow(w); err != nil {
-		return fmt.Errorf("%s.window: %w", path, err)
+	if w == 0 {
+		return nil
 	}
-	return nil
-}
-
-// checkWindow bounds a window by limiter.MaxWindow.
-func checkWindow(w caddy.Duration) error {
-	if time.Duration(w) > limiter.MaxWindow {
-		return fmt.Errorf("%s is longer than the maximum %s", time.Duration(w), limiter.MaxWindow)
+	if err := limiter.CheckWindow(time.Duration(w)); err != nil {
+		return fmt.Errorf("%s.window: %w", path, err)
 	}
 	return nil
 }
 
 // checkBurst checks the burst at path.
 func checkBurst(path string, burst int64, alg limiter.Algorithm) error {
-	if burst < 0 {
-		return fmt.Errorf("%s.burst: must not be negative", path)
+	if err := limiter.CheckCount(burst, 0); err != nil {
+		return fmt.Errorf("%s.burst: %w (0 means the limit)", path, err)
 	}
 	if burst > 0 && !alg.UsesBurst() {
 		return fmt.Errorf("%s.burst: %s", path, burstMisuse(alg))
@@ -224,8 +232,8 @@ func leaseMisuse(alg limiter.Algorithm) string {
 // placeholder. The error starts with "cost".
 func checkCost(c Cost) error {
 	if n, ok := c.constant(); ok {
-		if n < 0 {
-			return fmt.Errorf("cost: %d: must not be negative", n)
+		if err := limiter.CheckCount(n, 0); err != nil {
+			return fmt.Errorf("cost: %w", err)
 		}
 		return nil
 	}
@@ -241,11 +249,13 @@ func checkLease(path string, lc *LeaseConfig) error {
 	if lc == nil {
 		return nil
 	}
-	if lc.MaxTokens < 0 {
-		return fmt.Errorf("%s.max_tokens: %d: must not be negative (0 disables leasing)", path, lc.MaxTokens)
+	if err := limiter.CheckCount(lc.MaxTokens, 0); err != nil {
+		return fmt.Errorf("%s.max_tokens: %w; 0 disables leasing", path, err)
 	}
-	if lc.TTL < 0 {
-		return fmt.Errorf("%s.ttl: must not be negative", path)
+	if lc.TTL != 0 {
+		if err := limiter.CheckWindow(time.Duration(lc.TTL)); err != nil {
+			return fmt.Errorf("%s.ttl: %w (0 means 1s)", path, err)
+		}
 	}
 	return nil
 }

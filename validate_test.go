@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -88,11 +90,11 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"jitter negative", `{"jitter":-1,` + pol + `}`, "jitter: -1: want a fraction from 0 to 100"},
 		{"jitter too big", `{"jitter":101,` + pol + `}`, "jitter: 101: want a fraction from 0 to 100"},
 		{"denials_stream negative", `{"denials_stream":-1,` + pol + `}`, "denials_stream: -1: must not be negative"},
-		{"metrics_tenants negative", `{"metrics_tenants":-2,` + pol + `}`, "metrics_tenants: -2: must not be negative"},
+		{"metrics_tenants negative", `{"metrics_tenants":-2,` + pol + `}`, "metrics_tenants: -2 is out of range (allowed: 0 to 10000"},
 		{"sweep_interval negative", `{"sweep_interval":"-1s",` + pol + `}`, "sweep_interval: -1s: must not be negative"},
 		{"tenant_tiers empty tier", `{"tenant_tiers":{"acme":""},` + pol + `}`, `tenant_tiers: "acme": "": tenant and tier must not be empty`},
-		{"lease negative", `{"lease":{"max_tokens":-1},` + pol + `}`, "lease.max_tokens: -1: must not be negative"},
-		{"lease ttl negative", `{"lease":{"max_tokens":1,"ttl":"-1s"},` + pol + `}`, "lease.ttl: must not be negative"},
+		{"lease negative", `{"lease":{"max_tokens":-1},` + pol + `}`, "lease.max_tokens: -1 is out of range (allowed: 0 to 9007199254740991)"},
+		{"lease ttl negative", `{"lease":{"max_tokens":1,"ttl":"-1s"},` + pol + `}`, "lease.ttl: -1s is out of range (allowed: 1ms to 366d)"},
 
 		{"redis no address", `{"redis":{},` + pol + `}`, "redis.addresses: at least one host:port is required"},
 		{"redis bad address", `{"redis":{"addresses":["a:1","redis"]},` + pol + `}`, `redis.addresses[1]: "redis": want host:port`},
@@ -109,32 +111,41 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"redis tls key only", `{"redis":{"addresses":["a:1"],"tls":{"key":"k"}},` + pol + `}`, "redis.tls: cert and key must be given together"},
 
 		{"algorithm unknown", `{"rate_limits":{"api":{"algorithm":"foo","max_events":1,"window":"1s"}}}`, `rate_limits.api: algorithm "foo": unknown (allowed: token_bucket, gcra, sliding_window, fixed_window, sliding_log, concurrency)`},
-		{"max_events missing", `{"rate_limits":{"api":{"window":"1s"}}}`, "rate_limits.api.max_events: 0: required, must be a positive integer"},
-		{"max_events negative", `{"rate_limits":{"api":{"max_events":-4,"window":"1s"}}}`, "rate_limits.api.max_events: -4: required, must be a positive integer"},
+		{"max_events missing", `{"rate_limits":{"api":{"window":"1s"}}}`, "rate_limits.api.max_events: required (an integer from 1 to 9007199254740991)"},
+		{"max_events negative", `{"rate_limits":{"api":{"max_events":-4,"window":"1s"}}}`, "rate_limits.api.max_events: -4 is out of range (allowed: 1 to 9007199254740991)"},
 		{"window missing", `{"rate_limits":{"api":{"max_events":1}}}`, "rate_limits.api.window: required for algorithm sliding_window (only concurrency takes none)"},
-		{"window negative", `{"rate_limits":{"api":{"max_events":1,"window":"-1s"}}}`, "rate_limits.api.window: must not be negative"},
-		{"window too long", `{"rate_limits":{"api":{"max_events":1,"window":"10000h"}}}`, "rate_limits.api.window: 10000h0m0s is longer than the maximum 8784h0m0s"},
+		{"window negative", `{"rate_limits":{"api":{"max_events":1,"window":"-1s"}}}`, "rate_limits.api.window: -1s is out of range (allowed: 1ms to 366d)"},
+		{"window too long", `{"rate_limits":{"api":{"max_events":1,"window":"10000h"}}}`, "rate_limits.api.window: 10000h0m0s is out of range (allowed: 1ms to 366d)"},
 		{"burst on sliding_window", `{"rate_limits":{"api":{"max_events":1,"window":"1s","burst":5}}}`, "rate_limits.api.burst: burst applies only to token_bucket and gcra, not sliding_window"},
-		{"burst negative", `{"rate_limits":{"api":{"algorithm":"gcra","max_events":1,"window":"1s","burst":-5}}}`, "rate_limits.api.burst: must not be negative"},
-		{"cost negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":-2}}}`, "rate_limits.api.cost: -2: must not be negative"},
+		{"burst negative", `{"rate_limits":{"api":{"algorithm":"gcra","max_events":1,"window":"1s","burst":-5}}}`, "rate_limits.api.burst: -5 is out of range (allowed: 0 to 9007199254740991)"},
+		{"cost negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":-2}}}`, "rate_limits.api.cost: -2 is out of range (allowed: 0 to 9007199254740991)"},
 		{"cost word", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":"heavy"}}}`, `rate_limits.api.cost: "heavy": want a non-negative integer or a placeholder`},
 		{"cost fraction", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":1.5}}}`, `rate_limits.api.cost: "1.5"`},
 		{"min_interval wrong algorithm", `{"rate_limits":{"api":{"max_events":1,"window":"1s","min_interval":"1s"}}}`, "rate_limits.api.min_interval: min_interval applies only to sliding_log, not sliding_window"},
-		{"min_interval negative", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","min_interval":"-1s"}}}`, "rate_limits.api.min_interval: must not be negative"},
+		{"min_interval negative", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","min_interval":"-1s"}}}`, "rate_limits.api.min_interval: -1s is out of range (allowed: 0 to 366d)"},
 		{"tier null", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":null}}}}`, "rate_limits.api.tiers.gold: is null"},
 		{"tier empty name", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"":{"max_events":1}}}}}`, "rate_limits.api.tiers.: the name must not be empty"},
-		{"tier no max_events", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"window":"1m"}}}}}`, "rate_limits.api.tiers.gold.max_events: 0: required, must be a positive integer (or set unlimited)"},
+		{"tier no max_events", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"window":"1m"}}}}}`, "rate_limits.api.tiers.gold.max_events: required (an integer from 1 to 9007199254740991), or set unlimited"},
 		{"tier burst wrong algorithm", `{"rate_limits":{"api":{"algorithm":"fixed_window","max_events":1,"window":"1s","tiers":{"gold":{"max_events":5,"burst":9}}}}}`, "rate_limits.api.tiers.gold.burst: burst applies only to token_bucket and gcra, not fixed_window"},
 		{"tier unlimited with limit", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"unlimited":true,"max_events":5}}}}}`, "rate_limits.api.tiers.gold: unlimited excludes max_events, window and burst"},
-		{"tier window negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"max_events":5,"window":"-1s"}}}}}`, "rate_limits.api.tiers.gold.window: must not be negative"},
-		{"override window too long", `{"rate_limits":{"api":{"max_events":1,"window":"1s","overrides":{"acme":{"max_events":5,"window":"9000h"}}}}}`, "rate_limits.api.overrides.acme.window: 9000h0m0s is longer than the maximum"},
-		{"override burst negative", `{"rate_limits":{"api":{"algorithm":"token_bucket","max_events":1,"window":"1s","overrides":{"acme":{"max_events":5,"burst":-1}}}}}`, "rate_limits.api.overrides.acme.burst: must not be negative"},
+		{"tier window negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"max_events":5,"window":"-1s"}}}}}`, "rate_limits.api.tiers.gold.window: -1s is out of range (allowed: 1ms to 366d)"},
+		{"override window too long", `{"rate_limits":{"api":{"max_events":1,"window":"1s","overrides":{"acme":{"max_events":5,"window":"9000h"}}}}}`, "rate_limits.api.overrides.acme.window: 9000h0m0s is out of range (allowed: 1ms to 366d)"},
+		{"override burst negative", `{"rate_limits":{"api":{"algorithm":"token_bucket","max_events":1,"window":"1s","overrides":{"acme":{"max_events":5,"burst":-1}}}}}`, "rate_limits.api.overrides.acme.burst: -1 is out of range (allowed: 0 to 9007199254740991)"},
 		{"lease on sliding_log", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","lease":{"max_tokens":5}}}}`, "rate_limits.api.lease: sliding_log cannot lease units"},
 		{"lease on concurrency", `{"rate_limits":{"api":{"algorithm":"concurrency","max_events":1,"lease":{"max_tokens":5}}}}`, "rate_limits.api.lease: concurrency cannot lease units"},
-		{"policy lease negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","lease":{"max_tokens":-5}}}}`, "rate_limits.api.lease.max_tokens: -5: must not be negative"},
+		{"policy lease negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","lease":{"max_tokens":-5}}}}`, "rate_limits.api.lease.max_tokens: -5 is out of range (allowed: 0 to 9007199254740991)"},
 		{"policy fail_mode", `{"rate_limits":{"api":{"max_events":1,"window":"1s","fail_mode":"sometimes"}}}`, `rate_limits.api.fail_mode: "sometimes": unknown value (allowed: open, closed, local)`},
 		{"ipv4_prefix", `{"rate_limits":{"api":{"max_events":1,"window":"1s","ipv4_prefix":33}}}`, "rate_limits.api.ipv4_prefix: 33: must be from 0 to 32"},
 		{"ipv6_prefix", `{"rate_limits":{"api":{"max_events":1,"window":"1s","ipv6_prefix":-1}}}`, "rate_limits.api.ipv6_prefix: -1: must be from 0 to 128"},
+		{"max_events above 2^53-1", `{"rate_limits":{"api":{"max_events":100000000000000000,"window":"1s"}}}`, "rate_limits.api.max_events: 100000000000000000 is out of range (allowed: 1 to 9007199254740991)"},
+		{"window below 1ms", `{"rate_limits":{"api":{"max_events":1,"window":1}}}`, "rate_limits.api.window: 1ns is out of range (allowed: 1ms to 366d)"},
+		{"burst above 2^53-1", `{"rate_limits":{"api":{"algorithm":"gcra","max_events":1,"window":"1s","burst":9007199254740992}}}`, "rate_limits.api.burst: 9007199254740992 is out of range (allowed: 0 to 9007199254740991)"},
+		{"cost above 2^53-1", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":9007199254740993}}}`, "rate_limits.api.cost: 9007199254740993 is out of range (allowed: 0 to 9007199254740991)"},
+		{"tier limit above 2^53-1", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"max_events":9007199254740992}}}}}`, "rate_limits.api.tiers.gold.max_events: 9007199254740992 is out of range (allowed: 1 to 9007199254740991)"},
+		{"override window below 1ms", `{"rate_limits":{"api":{"max_events":1,"window":"1s","overrides":{"acme":{"max_events":5,"window":"500us"}}}}}`, "rate_limits.api.overrides.acme.window: 500µs is out of range (allowed: 1ms to 366d)"},
+		{"lease above 2^53-1", `{"lease":{"max_tokens":9007199254740992},` + pol + `}`, "lease.max_tokens: 9007199254740992 is out of range (allowed: 0 to 9007199254740991)"},
+		{"metrics_tenants too many", `{"metrics_tenants":2147483647,` + pol + `}`, "metrics_tenants: 2147483647 is out of range (allowed: 0 to 10000"},
+		{"min_interval too long", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","min_interval":"9000h"}}}`, "rate_limits.api.min_interval: 9000h0m0s is out of range (allowed: 0 to 366d)"},
 		{"first bad policy in name order", `{"rate_limits":{"b":{"max_events":1},"a":{"window":"1s"}}}`, "rate_limits.a.max_events"},
 	}
 	for _, tt := range tests {
@@ -248,9 +259,9 @@ func TestBuildPolicyErrors(t *testing.T) {
 	}{
 		{"nil", nil, "policy p: is null"},
 		{"bad algorithm", &PolicyConfig{Algorithm: "x", MaxEvents: 1}, `policy p: unknown algorithm "x" (allowed: `},
-		{"no limit", &PolicyConfig{Window: 1}, "policy p: limit must be a positive integer"},
-		{"tier without limit", &PolicyConfig{MaxEvents: 1, Window: 1, Tiers: map[string]*LimitConfig{"t": {}}}, "policy p: tier t: limit must be a positive integer"},
-		{"nil override", &PolicyConfig{MaxEvents: 1, Window: 1, Overrides: map[string]*LimitConfig{"o": nil}}, "policy p: override o: is null"},
+		{"no limit", &PolicyConfig{Window: caddy.Duration(time.Second)}, "policy p: limit: 0 is out of range (allowed: 1 to 9007199254740991)"},
+		{"tier without limit", &PolicyConfig{MaxEvents: 1, Window: caddy.Duration(time.Second), Tiers: map[string]*LimitConfig{"t": {}}}, "policy p: tier t: limit: 0 is out of range"},
+		{"nil override", &PolicyConfig{MaxEvents: 1, Window: caddy.Duration(time.Second), Overrides: map[string]*LimitConfig{"o": nil}}, "policy p: override o: is null"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -65,32 +65,44 @@ const maxTolerance = 1 << 61
 // tells when a request in flight will finish.
 const concurrencyRetry = time.Second
 
-// errInvalidCheck wraps every error of Check.validate.
-var errInvalidCheck = errors.New("limiter: invalid check")
+// ErrInvalidCheck wraps every error of a store that refused its input
+// (Check.validate): a bug of the caller, never a failure of the store, so
+// it is neither a reason for a fail mode nor counted by a circuit breaker.
+var ErrInvalidCheck = errors.New("limiter: invalid check")
 
 // validate reports why c cannot be evaluated, or nil. Policies are
 // validated when configured; this guards the arithmetic against runtime
-// overrides and library users.
+// overrides and library users. A cost above MaxCount is valid: such a
+// request can never fit (see nothingFits), whatever the store.
 func (c *Check) validate() error {
 	r := c.Rate
+	var err error
 	switch {
 	case c.Algorithm >= numAlgorithms:
-		return fmt.Errorf("%w: unknown algorithm %d", errInvalidCheck, c.Algorithm)
+		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalidCheck, c.Algorithm)
 	case c.Cost < 0:
-		return fmt.Errorf("%w: negative cost %d", errInvalidCheck, c.Cost)
-	case r.Limit <= 0:
-		return fmt.Errorf("%w: limit %d is not positive", errInvalidCheck, r.Limit)
-	case c.Algorithm != Concurrency && r.Window <= 0:
-		return fmt.Errorf("%w: window %s is not positive", errInvalidCheck, r.Window)
-	case r.Window > MaxWindow:
-		return fmt.Errorf("%w: window %s is longer than %s", errInvalidCheck, r.Window, MaxWindow)
-	case r.Burst < 0:
-		return fmt.Errorf("%w: negative burst %d", errInvalidCheck, r.Burst)
-	case r.MinInterval < 0:
-		return fmt.Errorf("%w: negative min_interval %s", errInvalidCheck, r.MinInterval)
+		return fmt.Errorf("%w: negative cost %d", ErrInvalidCheck, c.Cost)
+	}
+	if err = CheckCount(r.Limit, 1); err != nil {
+		return fmt.Errorf("%w: limit %w", ErrInvalidCheck, err)
+	}
+	if c.Algorithm != Concurrency || r.Window != 0 {
+		if err = CheckWindow(r.Window); err != nil {
+			return fmt.Errorf("%w: window %w", ErrInvalidCheck, err)
+		}
+	}
+	if err = CheckCount(r.Burst, 0); err != nil {
+		return fmt.Errorf("%w: burst %w", ErrInvalidCheck, err)
+	}
+	if err = CheckInterval(r.MinInterval); err != nil {
+		return fmt.Errorf("%w: min_interval %w", ErrInvalidCheck, err)
 	}
 	return nil
 }
+
+// neverFitsCost is what a cost above MaxCount is sent to Redis as: larger
+// than any capacity, and exact in a Lua number (MaxCount + 1 = 2^53).
+const neverFitsCost = MaxCount + 1
 
 // evalAlgorithm dispatches to the algorithm a. log is the sliding log of the
 // bucket (nil when empty, ignored by other algorithms).
@@ -147,6 +159,15 @@ func expiresAt(a Algorithm, s bucketState, log *logRing, r Rate) int64 {
 // denied, RetryAfter one window, Remaining and Reset as a peek would say.
 func nothingFits(peek Result, r Rate) Result {
 	return Result{Remaining: peek.Remaining, RetryAfter: r.Window, Reset: peek.Reset}
+}
+
+// neverFitsRetry is the RetryAfter of a cost that can never fit: one
+// window, or concurrencyRetry for Concurrency (which has none).
+func neverFitsRetry(r Rate, a Algorithm) time.Duration {
+	if a == Concurrency {
+		return concurrencyRetry
+	}
+	return r.Window
 }
 
 // deniedResult turns the peek answer of a bucket into a denial that can be

@@ -247,7 +247,7 @@ func TestBreakerCallerErrors(t *testing.T) {
 	for range 10 {
 		b.Decide(dctx, oneCheck, make([]Result, 1))
 	}
-	inner.set(failWith(fmt.Errorf("wrapped: %w", errInvalidCheck)))
+	inner.set(failWith(fmt.Errorf("wrapped: %w", ErrInvalidCheck)))
 	for range 10 {
 		decideErr(b)
 	}

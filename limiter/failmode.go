@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -100,25 +101,38 @@ func (r Rate) scaled(f float64) Rate {
 // primary store's error, nil when the store answered; d is complete
 // either way. With fb.Recorder set, the units the fallback store charged
 // are recorded for recovery accounting.
+//
+// Bad input is never a store failure: when the store refused the checks as
+// invalid (ErrInvalidCheck) no fail mode applies and the error is returned
+// with d holding no results. And a fail mode never admits what the store
+// could never admit: an item whose cost exceeds its bucket's capacity (a
+// cost beyond MaxCount included) is denied whatever its FailMode.
 func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallback, items []Item) error {
 	err := d.Decide(ctx, store, items)
-	if err == nil {
-		return nil
+	if err == nil || errors.Is(err, ErrInvalidCheck) {
+		return err
 	}
 	d.decidedBy = fb.Store
-	closedDenies := false
+	localDenies := false
 	local := d.checks[:0]
 	localIdx := d.counted[:0]
 	for j, i := range d.counted {
 		v := &d.Verdicts[i]
-		switch items[i].Policy.FailMode {
-		case FailOpen:
+		switch mode := items[i].Policy.FailMode; {
+		case d.checks[j].Cost > d.checks[j].Rate.Capacity():
+			// Never fits, in any store and whatever the bucket holds
+			// (a cost beyond MaxCount included): denied as the store
+			// would deny it.
+			v.Path = PathStore
+			v.Result = Result{RetryAfter: neverFitsRetry(d.checks[j].Rate, d.checks[j].Algorithm)}
+			localDenies = localDenies || v.Enforced()
+		case mode == FailOpen:
 			v.Path = PathFailedOpen
 			v.Result = Result{Allowed: true, Remaining: -1}
-		case FailClosed:
+		case mode == FailClosed:
 			v.Path = PathFailedClosed
 			v.Result = Result{RetryAfter: FailedClosedRetryAfter, Reset: FailedClosedRetryAfter}
-			closedDenies = closedDenies || v.Enforced()
+			localDenies = localDenies || v.Enforced()
 		default:
 			v.Path = PathFallback
 			c := d.checks[j]
@@ -132,7 +146,7 @@ func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallbac
 	admitted := true
 	if len(local) > 0 {
 		var ferr error
-		if closedDenies {
+		if localDenies {
 			ferr = fb.Store.Peek(ctx, local, d.results)
 		} else {
 			admitted, ferr = fb.Store.Decide(ctx, local, d.results)
@@ -143,7 +157,7 @@ func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallbac
 		for j, i := range localIdx {
 			d.Verdicts[i].Result = d.results[j]
 		}
-		if admitted && !closedDenies && fb.Recorder != nil {
+		if admitted && !localDenies && fb.Recorder != nil {
 			for j, i := range localIdx {
 				// Charged: every non-shadow check, and shadow ones that
 				// allowed.
@@ -153,6 +167,6 @@ func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallbac
 			}
 		}
 	}
-	d.Admitted = admitted && !closedDenies
+	d.Admitted = admitted && !localDenies
 	return err
 }

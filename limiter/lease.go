@@ -108,16 +108,16 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 	if err := validateAll(checks, results); err != nil {
 		return LeaseGrant{}, err
 	}
-	if len(checks) == 0 || req.Want < 0 || req.GiveBack < 0 || req.Want > maxRedisNumber || req.GiveBack > maxRedisNumber {
-		return LeaseGrant{}, fmt.Errorf("%w: a lease needs checks and non-negative counts", errInvalidCheck)
+	if len(checks) == 0 || req.Want < 0 || req.GiveBack < 0 || req.Want > MaxCount || req.GiveBack > MaxCount {
+		return LeaseGrant{}, fmt.Errorf("%w: a lease needs checks and non-negative counts", ErrInvalidCheck)
 	}
 	for i := range checks {
 		c := &checks[i]
 		if !c.Algorithm.SupportsLease() {
 			return LeaseGrant{}, fmt.Errorf("%w: %s", ErrLeaseUnsupported, c.Algorithm)
 		}
-		if c.Cost > 0 && (req.Want+req.GiveBack) > maxRedisNumber/c.Cost {
-			return LeaseGrant{}, fmt.Errorf("%w: a lease of %d requests of cost %d exceeds 2^53", errInvalidCheck, req.Want+req.GiveBack, c.Cost)
+		if c.Cost > 0 && (req.Want+req.GiveBack) > MaxCount/c.Cost {
+			return LeaseGrant{}, fmt.Errorf("%w: a lease of %d requests of cost %d exceeds %d units", ErrInvalidCheck, req.Want+req.GiveBack, c.Cost, MaxCount)
 		}
 	}
 	sc := s.pool.Get().(*redisScratch)

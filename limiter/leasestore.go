@@ -217,7 +217,9 @@ func leasable(checks []Check) bool {
 	costly := false
 	for i := range checks {
 		c := &checks[i]
-		if !c.Lease.Enabled() || !c.Algorithm.SupportsLease() || c.Shadow || c.Cost < 0 {
+		// A cost beyond MaxCount/2 leaves no room for a lease and a give
+		// back in one call; such a request is decided by the store.
+		if !c.Lease.Enabled() || !c.Algorithm.SupportsLease() || c.Shadow || c.Cost < 0 || c.Cost > MaxCount/2 {
 			return false
 		}
 		costly = costly || c.Cost > 0
@@ -289,6 +291,11 @@ func (s *LeaseStore) newEntry(key string, checks []Check) *leaseEntry {
 	}
 	for i := range checks {
 		e.max = min(e.max, checks[i].Lease.Max)
+		if c := checks[i].Cost; c > 0 {
+			// A lease and the give back of the previous one share one
+			// call: both must stay within MaxCount units.
+			e.max = max(1, min(e.max, MaxCount/(2*c)))
+		}
 		e.ttl = min(e.ttl, int64(checks[i].Lease.ttl()))
 		e.counters[i] = s.counters(checks[i].Policy)
 	}

@@ -203,7 +203,7 @@ func TestDecideErrors(t *testing.T) {
 	}
 	bad := a
 	bad.Rate.Limit = 0
-	if _, err := m.Decide(bgCtx, []Check{a, bad}, make([]Result, 2)); !errors.Is(err, errInvalidCheck) {
+	if _, err := m.Decide(bgCtx, []Check{a, bad}, make([]Result, 2)); !errors.Is(err, ErrInvalidCheck) {
 		t.Fatalf("invalid check: %v", err)
 	}
 	neg := Check{Algorithm: Concurrency, Rate: Rate{Limit: 1}, Cost: -1}

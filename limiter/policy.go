@@ -1,9 +1,7 @@
 package limiter
 
 import (
-	"errors"
 	"fmt"
-	"time"
 )
 
 // Limit is what a policy, a tier or an override grants one tenant.
@@ -73,10 +71,6 @@ func (p *Policy) Resolve(tenant, tier string) (Limit, Source) {
 	return p.Limit, SourcePolicy
 }
 
-// MaxWindow bounds windows so that arithmetic in nanoseconds (and in Redis
-// microseconds) cannot overflow and keys never live for years.
-const MaxWindow = 366 * 24 * time.Hour
-
 // Validate reports the first problem with p, naming the field at fault.
 func (p *Policy) Validate() error {
 	if !ValidName(p.Name) {
@@ -109,19 +103,23 @@ func (p *Policy) validateLimit(l Limit) error {
 	if l.Unlimited {
 		return nil
 	}
+	if err := CheckCount(l.Limit, 1); err != nil {
+		return fmt.Errorf("limit: %w", err)
+	}
+	if p.Algorithm != Concurrency || l.Window != 0 {
+		if err := CheckWindow(l.Window); err != nil {
+			return fmt.Errorf("window: %w", err)
+		}
+	}
+	if err := CheckCount(l.Burst, 0); err != nil {
+		return fmt.Errorf("burst: %w", err)
+	}
+	if err := CheckInterval(l.MinInterval); err != nil {
+		return fmt.Errorf("min_interval: %w", err)
+	}
 	switch {
-	case l.Limit <= 0:
-		return errors.New("limit must be a positive integer")
-	case p.Algorithm != Concurrency && l.Window <= 0:
-		return errors.New("window must be a positive duration")
-	case l.Window > MaxWindow:
-		return fmt.Errorf("window %s is longer than the maximum %s", l.Window, MaxWindow)
-	case l.Burst < 0:
-		return errors.New("burst must not be negative")
 	case l.Burst > 0 && !p.Algorithm.UsesBurst():
 		return fmt.Errorf("burst applies only to token_bucket and gcra, not %s", p.Algorithm)
-	case l.MinInterval < 0:
-		return errors.New("min_interval must not be negative")
 	case l.MinInterval > 0 && p.Algorithm != SlidingLog:
 		return fmt.Errorf("min_interval applies only to sliding_log, not %s", p.Algorithm)
 	}

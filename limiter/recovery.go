@@ -16,9 +16,14 @@ import (
 type Charger interface {
 	// Charge charges checks[i].Cost units to each bucket, never driving a
 	// bucket below empty, and stores in charged[i] the units it charged
-	// (-1 when its call failed or was not made).
+	// (-1 when its call failed or was not made, ChargeRefused when the
+	// check is invalid and was not sent; the others are still charged).
 	Charge(ctx context.Context, checks []Check, charged []int64) error
 }
+
+// ChargeRefused is the charged[i] of a check that Charge refused as
+// invalid input: retrying it cannot help.
+const ChargeRefused = -2
 
 var _ Charger = (*RedisStore)(nil)
 
@@ -81,6 +86,7 @@ type Recorder struct {
 
 	pending  atomic.Int64 // len(entries)
 	dropped  atomic.Int64
+	refused  atomic.Int64
 	flushing atomic.Bool
 }
 
@@ -212,6 +218,10 @@ func (r *Recorder) Pending() int { return int(r.pending.Load()) }
 // already tracked.
 func (r *Recorder) Dropped() int64 { return r.dropped.Load() }
 
+// Refused returns the number of buckets Flush dropped because the store
+// refused them as invalid.
+func (r *Recorder) Refused() int64 { return r.refused.Load() }
+
 // FlushStats reports one Flush.
 type FlushStats struct {
 	// Buckets is the number of buckets charged; Units the units asked to
@@ -221,6 +231,9 @@ type FlushStats struct {
 	// Expired is the number of buckets whose units were all older than a
 	// window, forgotten without a call.
 	Expired int64
+	// Refused is the number of buckets the store refused as invalid
+	// (ChargeRefused): they are dropped, not retried.
+	Refused int64
 }
 
 // Flush charges every recorded bucket to store (normally the primary
@@ -232,8 +245,10 @@ type FlushStats struct {
 // store answers (short failures that never opened the breaker are
 // recorded too).
 //
-// When a call fails, the buckets it and later calls held are kept for the
-// next Flush (merged with units recorded meanwhile) and the error is
+// A bucket the store refuses as invalid (ChargeRefused) is dropped and
+// counted (FlushStats.Refused, Refused), so one bad entry cannot keep the
+// others from being charged. When a call fails, the buckets it and later
+// calls held are kept for the next Flush (merged with units recorded meanwhile) and the error is
 // returned; a call that timed out may have charged already, so those units
 // may be charged twice (capped at empty). Only one Flush runs at a time: a
 // concurrent call returns at once with zero stats and a nil error.
@@ -301,6 +316,12 @@ func (r *Recorder) Flush(ctx context.Context, store Charger) (FlushStats, error)
 		}
 		err := store.Charge(ctx, checks, charged[:len(checks)])
 		for j, c := range charged[:len(checks)] {
+			if c == ChargeRefused {
+				// Invalid: it would be refused forever. Drop it.
+				st.Refused++
+				r.refused.Add(1)
+				continue
+			}
 			if err == nil || c >= 0 {
 				st.Buckets++
 				st.Units += checks[j].Cost

@@ -322,3 +322,39 @@ func TestRecorderFlushRedis(t *testing.T) {
 		t.Fatalf("remaining %d -> %d, charged %d; want a drop of exactly 25", before, after, st.Charged)
 	}
 }
+
+// TestRecorderFlushDropsRefused: one recorded bucket that the store refuses
+// as invalid (a limit beyond MaxCount) is dropped and counted, and every
+// other bucket is charged in the same flush: it cannot poison recovery.
+func TestRecorderFlushDropsRefused(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := NewRedisStore(RedisOptions{Client: srv.Client(t), Timeout: testTimeout})
+	clk := newManualClock(baseTime.Add(time.Second))
+	s.now = func() int64 { return clk.Now().UnixMicro() }
+	rec := NewRecorder(RecorderOptions{Clock: clk})
+	good := Rate{Limit: 100, Window: time.Minute}
+	bad := Rate{Limit: MaxCount + 1, Window: time.Minute}
+	for _, tenant := range []string{"a", "b", "c"} {
+		rec.Record(&Check{Algorithm: FixedWindow, Tenant: tenant, Policy: "api"}, good, 7)
+	}
+	rec.Record(&Check{Algorithm: FixedWindow, Tenant: "bb", Policy: "api"}, bad, 7)
+	br := NewBreakerStore(s, BreakerOptions{})
+	st, err := rec.Flush(bgCtx, br)
+	if err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if st.Charged != 21 || st.Buckets != 3 || st.Refused != 1 || rec.Refused() != 1 {
+		t.Fatalf("flush stats %+v, refused %d; want 3 buckets and 21 units charged, 1 refused", st, rec.Refused())
+	}
+	if rec.Pending() != 0 {
+		t.Fatalf("pending %d after the flush, want 0: the refused bucket must not be retried", rec.Pending())
+	}
+	for _, tenant := range []string{"a", "b", "c"} {
+		if got := mustPeek(t, s, Check{Algorithm: FixedWindow, Tenant: tenant, Policy: "api", Rate: good})[0].Remaining; got != 93 {
+			t.Errorf("tenant %s: remaining %d, want 93", tenant, got)
+		}
+	}
+	if br.Open() {
+		t.Error("a refused entry counted as a store failure")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,9 +28,6 @@ const (
 	// then ignored). It is the value of CONCURRENCY_TTL_MS in
 	// lua/concurrency.lua.
 	RedisConcurrencyTTL = 10 * time.Minute
-	// maxRedisNumber bounds limits, bursts and costs: Lua numbers are
-	// doubles, exact up to 2^53.
-	maxRedisNumber = 1 << 53
 )
 
 // RedisOptions configures NewRedisStore.
@@ -60,7 +58,8 @@ type RedisOptions struct {
 // are rounded up to a whole microsecond, and so are RetryAfter and Reset.
 // GCRA's emission interval is ceil(window/limit) in µs, so when window/limit
 // is not a whole number of µs GCRA admits up to 1µs per unit more slowly
-// than in memory. Limits, bursts and costs must not exceed 2^53.
+// than in memory. Numbers stay within the domain of MaxCount; a cost above
+// it is sent as MaxCount + 1, which no bucket can hold.
 //
 // Keys follow DESIGN §5 (see AppendKey); each written key gets a TTL that
 // ends exactly when its state equals a fresh bucket, so an expired key and
@@ -231,23 +230,12 @@ outer:
 	return gs
 }
 
-// validateRedis is Check.validate plus the bounds of Lua numbers.
-func (c *Check) validateRedis() error {
-	if err := c.validate(); err != nil {
-		return err
-	}
-	if c.Rate.Limit > maxRedisNumber || c.Rate.Burst > maxRedisNumber || c.Cost > maxRedisNumber {
-		return fmt.Errorf("%w: limit, burst and cost must not exceed 2^53 with the Redis store", errInvalidCheck)
-	}
-	return nil
-}
-
 func validateAll(checks []Check, results []Result) error {
 	if len(results) < len(checks) {
 		return errShortResults
 	}
 	for i := range checks {
-		if err := checks[i].validateRedis(); err != nil {
+		if err := checks[i].validate(); err != nil {
 			return err
 		}
 	}
@@ -361,20 +349,26 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 // the capacity, window and log counts at most the limit. min_interval is
 // ignored, Concurrency checks and shadow flags are ignored (nothing is
 // charged for a concurrency check). It is one script call per cluster slot
-// (one for Standalone and Sentinel), each with the store's Timeout. On
-// error charged[i] is -1 for every check whose call failed or was not made
-// (a call that timed out may still have charged).
+// (one for Standalone and Sentinel), each with the store's Timeout. A check
+// outside the numeric domain is not sent and gets charged[i] =
+// ChargeRefused; the others are charged all the same. On error charged[i]
+// is -1 for every check whose call failed or was not made (a call that
+// timed out may still have charged).
 func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64) error {
 	if len(charged) < len(checks) {
 		return errShortResults
 	}
+	valid := make([]int, 0, len(checks))
 	for i := range checks {
-		if err := checks[i].validateRedis(); err != nil {
-			return err
-		}
 		charged[i] = -1
+		if checks[i].validate() != nil {
+			// One bad entry must not keep the others from being charged.
+			charged[i] = ChargeRefused
+			continue
+		}
+		valid = append(valid, i)
 	}
-	if len(checks) == 0 {
+	if len(valid) == 0 {
 		return nil
 	}
 	sc := s.pool.Get().(*redisScratch)
@@ -386,6 +380,10 @@ func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64
 		groups = sc.groups()
 	}
 	for _, g := range groups {
+		g = slices.DeleteFunc(slices.Clone(g), func(i int) bool { return charged[i] == ChargeRefused })
+		if len(g) == 0 {
+			continue
+		}
 		cctx, cancel := context.WithTimeout(ctx, s.timeout)
 		_, _, err := s.run(cctx, sc, scriptForce, 0, checks, g, results)
 		cancel()
@@ -451,7 +449,7 @@ func (sc *redisScratch) appendCheckArgs(checks []Check, idx []int) []string {
 		v[1] = micros(c.Rate.Window)
 		v[2] = c.Rate.Burst
 		v[3] = micros(c.Rate.MinInterval)
-		v[4] = c.Cost
+		v[4] = min(c.Cost, neverFitsCost)
 		shadow := 0
 		if c.Shadow {
 			shadow = 1

@@ -402,7 +402,7 @@ func TestRedisInvalidChecks(t *testing.T) {
 		{Algorithm: TokenBucket, Tenant: "t", Policy: "p", Rate: Rate{Limit: 1, Window: time.Second}, Cost: -1},
 		{Algorithm: FixedWindow, Tenant: "t", Policy: "p", Rate: Rate{Limit: 1}, Cost: 1},
 	} {
-		if _, err := s.Decide(bgCtx, []Check{c}, make([]Result, 1)); !errors.Is(err, errInvalidCheck) {
+		if _, err := s.Decide(bgCtx, []Check{c}, make([]Result, 1)); !errors.Is(err, ErrInvalidCheck) {
 			t.Errorf("%+v: %v", c, err)
 		}
 	}
