@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // targetLabels are attached by Prometheus to every scraped series.
@@ -20,7 +22,15 @@ var knownLabelValues = map[string][]string{
 	"source":   sourceNames[:],
 	"result":   {"ok", "error", "timeout", "noscript"},
 	"script":   redisScripts[:],
-	"event":    {leaseAcquired, leaseSpent, leaseReturned, leaseExpired},
+	"event":    leaseEventNames(),
+}
+
+func leaseEventNames() []string {
+	var names []string
+	for ev := range limiter.NumLeaseEvents {
+		names = append(names, ev.String())
+	}
+	return names
 }
 
 var (

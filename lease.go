@@ -39,20 +39,20 @@ func (h *Handler) provisionLeases() {
 // leaseCounters caches, per policy, the children of
 // caddy_rate_limit_lease_units_total, so counting spent units on the
 // request path is a map read and an atomic add.
-var leaseCounters sync.Map // policy name -> *[4]prometheus.Counter
+var leaseCounters sync.Map // policy name -> *[limiter.NumLeaseEvents]prometheus.Counter
 
 // observeLeaseUnits implements limiter.LeaseOptions.Observe.
 func observeLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
 	v, ok := leaseCounters.Load(policy)
 	if !ok {
-		var cs [4]prometheus.Counter
-		for i, name := range [...]string{leaseAcquired, leaseSpent, leaseReturned, leaseExpired} {
-			cs[i] = collectors.leaseUnits.WithLabelValues(policy, name)
+		var cs [limiter.NumLeaseEvents]prometheus.Counter
+		for e := range limiter.NumLeaseEvents {
+			cs[e] = collectors.leaseUnits.WithLabelValues(policy, e.String())
 		}
 		v, _ = leaseCounters.LoadOrStore(policy, &cs)
 	}
-	if i := int(ev); i < 4 && units > 0 {
-		v.(*[4]prometheus.Counter)[i].Add(float64(units))
+	if ev < limiter.NumLeaseEvents && units > 0 {
+		v.(*[limiter.NumLeaseEvents]prometheus.Counter)[ev].Add(float64(units))
 	}
 }
 

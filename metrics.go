@@ -75,14 +75,6 @@ var sourceNames = [numSources]string{
 	sourceFallback: "fallback",
 }
 
-// Events of caddy_rate_limit_lease_units_total.
-const (
-	leaseAcquired = "acquired"
-	leaseSpent    = "spent"
-	leaseReturned = "returned"
-	leaseExpired  = "expired"
-)
-
 // latencyBuckets spans 10µs (a local decision) to 1s (a Redis call far
 // past any sane timeout).
 var latencyBuckets = []float64{
@@ -193,13 +185,6 @@ func setBreakerOpen(open bool) {
 		collectors.breakerOpen.Set(1)
 	} else {
 		collectors.breakerOpen.Set(0)
-	}
-}
-
-// addLeaseUnits counts n units of a lease event (leaseAcquired, ...).
-func addLeaseUnits(policy, event string, n int64) {
-	if n > 0 {
-		collectors.leaseUnits.WithLabelValues(policy, event).Add(float64(n))
 	}
 }
 

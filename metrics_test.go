@@ -727,10 +727,13 @@ func TestBreakerAndLeaseHooks(t *testing.T) {
 	if got := read(collectors.breakerOpen).Gauge.GetValue(); got != 0 {
 		t.Errorf("breaker closed: gauge %v", got)
 	}
-	before := read(collectors.leaseUnits.WithLabelValues("lease_hook", leaseSpent)).Counter.GetValue()
-	addLeaseUnits("lease_hook", leaseSpent, 3)
-	addLeaseUnits("lease_hook", leaseSpent, 0)
-	if got := read(collectors.leaseUnits.WithLabelValues("lease_hook", leaseSpent)).Counter.GetValue() - before; got != 3 {
-		t.Errorf("lease units spent: %v, want 3", got)
+	for ev := range limiter.NumLeaseEvents {
+		c := collectors.leaseUnits.WithLabelValues("lease_hook", ev.String())
+		before := read(c).Counter.GetValue()
+		observeLeaseUnits("lease_hook", ev, 3)
+		observeLeaseUnits("lease_hook", ev, 0)
+		if got := read(c).Counter.GetValue() - before; got != 3 {
+			t.Errorf("lease units %s: %v, want 3", ev, got)
+		}
 	}
 }

@@ -26,14 +26,21 @@ const (
 	// LeaseExpired: unused units that could not be given back: the give
 	// back failed, the store was reset, or the store was not asked.
 	LeaseExpired
-	numLeaseEvents
+	// LeaseLost: units a lease call that timed out may have taken from
+	// the shared store (it counts what the call asked for: an upper
+	// bound). The reply never arrived, so they were never acquired here
+	// and cannot be served or given back; the store gets them back when
+	// the window ends or the bucket refills.
+	LeaseLost
+	// NumLeaseEvents is the number of lease events.
+	NumLeaseEvents
 )
 
-var leaseEventNames = [numLeaseEvents]string{"acquired", "spent", "returned", "expired"}
+var leaseEventNames = [NumLeaseEvents]string{"acquired", "spent", "returned", "expired", "lost"}
 
 // String returns the event's metric label.
 func (e LeaseEvent) String() string {
-	if e < numLeaseEvents {
+	if e < NumLeaseEvents {
 		return leaseEventNames[e]
 	}
 	return "unknown"
@@ -131,7 +138,7 @@ type leaseShard struct {
 }
 
 // leaseCounters are a policy's lease units by event.
-type leaseCounters [numLeaseEvents]atomic.Int64
+type leaseCounters [NumLeaseEvents]atomic.Int64
 
 // leaseFlight is a refill in progress; waiters block on done.
 type leaseFlight struct {
@@ -413,6 +420,10 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 			e.mu.Lock()
 			return admitted, err
 		}
+		if IsTimeout(err) {
+			// The store may have run the call: what it took is lost.
+			s.count(e, LeaseLost, req.Want)
+		}
 		f.err = err
 		return false, err
 	}
@@ -677,12 +688,13 @@ type LeaseStats struct {
 	// DeniedEntries is the number of entries answering from the denial
 	// cache right now.
 	DeniedEntries int64 `json:"denied_entries"`
-	// Acquired, Spent, Returned and Expired count units since the store
-	// started (see LeaseEvent).
+	// Acquired, Spent, Returned, Expired and Lost count units since the
+	// store started (see LeaseEvent).
 	Acquired int64 `json:"acquired"`
 	Spent    int64 `json:"spent"`
 	Returned int64 `json:"returned"`
 	Expired  int64 `json:"expired"`
+	Lost     int64 `json:"lost"`
 }
 
 // Stats returns the lease activity of every policy that leased.
@@ -695,6 +707,7 @@ func (s *LeaseStore) Stats() map[string]LeaseStats {
 			Spent:    c[LeaseSpent].Load(),
 			Returned: c[LeaseReturned].Load(),
 			Expired:  c[LeaseExpired].Load(),
+			Lost:     c[LeaseLost].Load(),
 		}
 	}
 	s.statsMu.Unlock()

@@ -443,3 +443,72 @@ func TestLeaseRedisDown(t *testing.T) {
 		t.Fatalf("8 concurrent refills against a paused Redis took %v", d)
 	}
 }
+
+// TestLeaseTimeoutCountsLost: a refill that times out may still run once
+// Redis wakes up (here it does: the command was on the socket). The units
+// it took are never served nor given back; they are counted as lost (what
+// the call asked for), so acquired - returned + lost always covers what
+// Redis charged. A refill refused by the open breaker sent nothing and
+// loses nothing.
+func TestLeaseTimeoutCountsLost(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	opts := srv.ClientOptions()
+	opts.ContextTimeoutEnabled = true
+	client := redis.NewClient(opts)
+	defer client.Close()
+	rs := NewRedisStore(RedisOptions{Client: client, Timeout: 100 * time.Millisecond})
+	br := NewBreakerStore(rs, BreakerOptions{Failures: 3, Cooldown: time.Hour})
+	lease := NewLeaseStore(LeaseOptions{Store: br, Taker: br, SweepInterval: -1})
+	defer lease.Close()
+	c := leaseCheck(TokenBucket, "lost", 1000, time.Hour, Lease{Max: 50, TTL: time.Hour})
+	res := make([]Result, 1)
+	// Demand of 20 requests: the next refill asks for 20.
+	for range 20 {
+		if ok, err := lease.Decide(bgCtx, []Check{c}, res); !ok || err != nil {
+			t.Fatalf("warm-up: %v %v", ok, err)
+		}
+	}
+	st := lease.Stats()["p"]
+	if st.Acquired == 0 || st.Lost != 0 {
+		t.Fatalf("after warm-up: %+v", st)
+	}
+	// Use up the lease, then make every refill time out.
+	for lease.Stats()["p"].Units > 0 {
+		if ok, err := lease.Decide(bgCtx, []Check{c}, res); !ok || err != nil {
+			t.Fatalf("spending the lease: %v %v", ok, err)
+		}
+	}
+	srv.Pause()
+	timeouts := 0
+	for range 3 {
+		if _, err := lease.Decide(bgCtx, []Check{c}, res); err == nil || !IsTimeout(err) {
+			t.Fatalf("refill with Redis paused: %v, want a timeout", err)
+		}
+		timeouts++
+	}
+	if !br.Open() {
+		t.Fatal("3 timeouts did not open the breaker")
+	}
+	if _, err := lease.Decide(bgCtx, []Check{c}, res); !errors.Is(err, ErrBreakerOpen) {
+		t.Fatalf("refill with the breaker open: %v", err)
+	}
+	srv.Resume()
+	st = lease.Stats()["p"]
+	if st.Lost == 0 || st.Lost > int64(timeouts)*50 {
+		t.Fatalf("lost %d after %d timed-out refills, want 1..%d", st.Lost, timeouts, timeouts*50)
+	}
+	// Redis ran (at least one of) the timed-out calls when it woke up:
+	// it charged more than this instance acquired, and never more than
+	// acquired + lost: the lost count bounds the stranded units.
+	held := st.Acquired - st.Returned
+	var charged int64
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if charged = 1000 - mustPeek(t, rs, c)[0].Remaining; charged > held {
+			break
+		}
+	}
+	if charged <= held || charged > held+st.Lost {
+		t.Errorf("Redis charged %d, want more than acquired %d - returned %d, at most that + lost %d", charged, st.Acquired, st.Returned, st.Lost)
+	}
+	t.Logf("acquired %d, returned %d, lost (bound) %d, Redis charged %d", st.Acquired, st.Returned, st.Lost, charged)
+}

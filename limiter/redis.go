@@ -543,14 +543,20 @@ func isNoScript(err error) bool {
 
 // callResult classifies the outcome of a call for Observe.
 func callResult(err error) string {
-	if err == nil {
+	switch {
+	case err == nil:
 		return "ok"
-	}
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+	case IsTimeout(err):
 		return "timeout"
 	}
 	return "error"
+}
+
+// IsTimeout reports whether err is a call that ran out of time: the store
+// may still have executed it.
+func IsTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // Release implements Store: every Concurrency check gives back Cost units
