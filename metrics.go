@@ -343,15 +343,6 @@ func (h *Handler) recordDecision(st *requestState, start time.Time) {
 	}
 }
 
-// redisObserver returns the RedisOptions.Observe hook, nil without
-// metrics.
-func (h *Handler) redisObserver() func(script, result string, d time.Duration) {
-	if h.metrics == nil {
-		return nil
-	}
-	return observeRedis
-}
-
 // The scripts and results the Redis store reports, so their label
 // children are resolved once; anything else is resolved per call.
 var (

@@ -100,6 +100,8 @@ type Handler struct {
 	storeKey   string
 	backendKey string
 	backend    *redisBackend
+	// backendUser is this handler's attachment to backend.
+	backendUser *backendUser
 	// denials is the backend's denial stream while this handler uses it
 	// (denials_stream > 0), else nil.
 	denials *denialStream
@@ -199,11 +201,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // breaker, instance registry) of its Redis settings, and to the shared
 // fallback store of fail_mode local.
 func (h *Handler) provisionRedis() error {
-	backend, key, err := loadRedisBackend(h.Redis, h.logger, h.redisObserver())
+	backend, key, err := loadRedisBackend(h.Redis)
 	if err != nil {
 		return fmt.Errorf("redis: %v", err)
 	}
 	h.backend, h.backendKey = backend, key
+	h.backendUser = backend.users.attach(h.logger, h.metrics != nil)
 	fallback, fallbackKey, err := loadFallbackStore()
 	if err != nil {
 		return err
@@ -276,31 +279,38 @@ func (h *Handler) Validate() error {
 }
 
 // Cleanup lets go of the shared store or Redis client; the last handler
-// to do so closes it.
+// to do so closes it. Every error is reported.
 func (h *Handler) Cleanup() error {
-	var err error
+	var errs []error
 	unregisterHandler(h)
 	if h.denials != nil {
 		h.denials.release(h.DenialsStream)
 		h.denials = nil
 	}
 	if h.storeKey != "" {
-		_, err = embeddedStores.Delete(h.storeKey)
+		_, err := embeddedStores.Delete(h.storeKey)
+		errs = append(errs, err)
 	}
 	if h.leases != nil {
 		// Before the backend goes: the give-backs need its client.
-		_ = h.leases.Close()
+		errs = append(errs, h.leases.Close())
 		h.leases = nil
 	}
+	if h.backendUser != nil {
+		h.backend.users.detach(h.backendUser)
+		h.backendUser = nil
+	}
 	if h.backendKey != "" {
-		_, err = redisBackends.Delete(h.backendKey)
+		_, err := redisBackends.Delete(h.backendKey)
+		errs = append(errs, err)
 	}
 	if h.fallbackKey != "" {
-		_, err = embeddedStores.Delete(h.fallbackKey)
+		_, err := embeddedStores.Delete(h.fallbackKey)
+		errs = append(errs, err)
 	}
 	h.storeKey, h.backendKey, h.fallbackKey, h.store, h.backend = "", "", "", nil, nil
 	h.cleanupMetrics()
-	return err
+	return errors.Join(errs...)
 }
 
 // ServeHTTP decides r against every policy that matches it, all or

@@ -29,8 +29,11 @@ type redisBackend struct {
 	store     *limiter.BreakerStore
 	registry  *limiter.Registry
 	recorder  *limiter.Recorder
-	logger    *zap.Logger
-	cooldown  time.Duration
+	// users are the handlers attached to the backend; logger writes
+	// through the newest one's logger.
+	users    backendUsers
+	logger   *zap.Logger
+	cooldown time.Duration
 	// denials is the denial stream <prefix>:denials; its writer starts
 	// when the first handler with denials_stream acquires it.
 	denials *denialStream
@@ -53,6 +56,14 @@ func (b *redisBackend) Destruct() error {
 	_ = b.registry.Close()
 	_, err := redisClients.Delete(b.clientKey)
 	return err
+}
+
+// observeRedis records a Redis round trip while any attached handler
+// records metrics.
+func (b *redisBackend) observeRedis(script, result string, d time.Duration) {
+	if b.users.recordsMetrics() {
+		observeRedis(script, result, d)
+	}
 }
 
 // fallbackScale is the share of each limit one instance grants alone while
@@ -109,7 +120,7 @@ func (b *redisBackend) flush() {
 // loadRedisBackend returns the shared backend of rc, creating it (and
 // taking a reference on its client) on first use. Release it with
 // redisBackends.Delete(key).
-func loadRedisBackend(rc *RedisConfig, logger *zap.Logger, observe func(script, result string, d time.Duration)) (*redisBackend, string, error) {
+func loadRedisBackend(rc *RedisConfig) (*redisBackend, string, error) {
 	conn := rc.connection()
 	failures := rc.BreakerFailures
 	if failures <= 0 {
@@ -127,17 +138,18 @@ func loadRedisBackend(rc *RedisConfig, logger *zap.Logger, observe func(script, 
 		}
 		b := &redisBackend{
 			clientKey: clientKey,
-			logger:    logger,
 			cooldown:  cooldown,
 			recorder:  limiter.NewRecorder(limiter.RecorderOptions{}),
 			stop:      make(chan struct{}),
 			done:      make(chan struct{}),
 		}
+		b.logger = b.users.logger(caddy.Log().Named("http.handlers.rate_limit"))
+		logger := b.logger
 		redisStore := limiter.NewRedisStore(limiter.RedisOptions{
 			Client:  client,
 			Prefix:  rc.KeyPrefix,
 			Timeout: conn.Timeout,
-			Observe: observe,
+			Observe: b.observeRedis,
 		})
 		b.store = limiter.NewBreakerStore(redisStore, limiter.BreakerOptions{
 			Failures:      failures,
