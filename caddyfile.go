@@ -19,7 +19,7 @@ import (
 
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
-	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.Before, "basic_auth")
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.After, "forward_auth")
 }
 
 // parseCaddyfile builds a Handler from a `rate_limit` directive. Caddy has

@@ -325,7 +325,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		tenant = expand(repl, h.Tenant)
 		if tenant == "" {
 			if h.MissingTenant == missingTenantDeny {
-				return h.denyMissingTenant(w)
+				return h.denyMissingTenant(w, repl)
 			}
 			tenant = anonymousTenant
 		}

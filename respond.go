@@ -144,6 +144,14 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		}
 		repl.Set("http.rate_limit.remaining", v.Result.Remaining)
 		repl.Set("http.rate_limit.retry_after", ceilSeconds(v.Result.RetryAfter))
+	} else {
+		// Nothing counted (unlimited tenants, or fail open): the first
+		// matched policy, with -1 for "no limit known".
+		repl.Set("http.rate_limit.policy", st.policies[0].nameValue)
+		repl.Set("http.rate_limit.tenant", st.items[0].Tenant)
+		repl.Set("http.rate_limit.limit", unknownValue)
+		repl.Set("http.rate_limit.remaining", unknownValue)
+		repl.Set("http.rate_limit.retry_after", zeroValue)
 	}
 	if shown >= 0 && h.headerMode != headersOff {
 		h.writeHeaders(w.Header(), st.policies[shown], &d.Verdicts[shown])
@@ -249,9 +257,26 @@ func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, st *requestS
 
 var errMissingTenant = errors.New("rate limit: request has no tenant (missing_tenant deny)")
 
+// Boxed once: repl.Set of a constant would allocate per request.
+var (
+	unknownValue any = int64(-1)
+	zeroValue    any = int64(0)
+	oneValue     any = int64(1)
+	emptyValue   any = ""
+)
+
 // denyMissingTenant answers 429 for a request without tenant identity.
-// Retrying will not help, but clients expect Retry-After on every 429.
-func (h *Handler) denyMissingTenant(w http.ResponseWriter) error {
+// Retrying will not help, but clients expect Retry-After on every 429. No
+// policy decided, so the placeholders say so: empty policy and tenant,
+// limit and remaining 0, retry_after 1 (what Retry-After says), so a
+// handle_errors template renders as it does for any other 429.
+func (h *Handler) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer) error {
+	repl.Set("http.rate_limit.policy", emptyValue)
+	repl.Set("http.rate_limit.tenant", emptyValue)
+	repl.Set("http.rate_limit.limit", zeroValue)
+	repl.Set("http.rate_limit.remaining", zeroValue)
+	repl.Set("http.rate_limit.retry_after", oneValue)
+	repl.Set("http.rate_limit.shadow_denied", emptyValue)
 	w.Header().Set("Retry-After", "1")
 	h.logger.Debug("rate limit: no tenant", zap.String("template", h.Tenant))
 	return caddyhttp.Error(http.StatusTooManyRequests, errMissingTenant)
