@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -278,7 +280,7 @@ func selectPolicies(policy string) ([]*Handler, [][]*policyRuntime, error) {
 		hs, ps = append(hs, h), append(ps, sel)
 	}
 	if policy != "" && !found {
-		return nil, nil, apiError(http.StatusBadRequest, "unknown policy %q", policy)
+		return nil, nil, unknownPolicy(policy)
 	}
 	return hs, ps, nil
 }
@@ -450,6 +452,20 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, map[string]any{"tenant": tenant, "denials": out})
 }
 
+// unknownPolicy is the 400 of a policy name no live handler defines; it
+// lists the names that exist.
+func unknownPolicy(name string) error {
+	var names []string
+	for _, h := range liveHandlers() {
+		for _, p := range h.policies {
+			names = append(names, p.policy.Name)
+		}
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	return apiError(http.StatusBadRequest, "unknown policy %q (policies: %s)", name, strings.Join(names, ", "))
+}
+
 // overrideTarget is a store of runtime overrides and the handlers that
 // use it.
 type overrideTarget struct {
@@ -550,7 +566,7 @@ func putOverride(w http.ResponseWriter, r *http.Request) error {
 	}
 	targets, pols := overrideTargets(o.Policy)
 	if len(pols) == 0 {
-		return apiError(http.StatusBadRequest, "unknown policy %q", o.Policy)
+		return unknownPolicy(o.Policy)
 	}
 	for _, p := range pols {
 		if err := p.ValidateLimit(o.limit(p)); err != nil {
@@ -599,7 +615,7 @@ func deleteOverride(w http.ResponseWriter, r *http.Request) error {
 	}
 	targets, pols := overrideTargets(policy)
 	if len(pols) == 0 {
-		return apiError(http.StatusBadRequest, "unknown policy %q", policy)
+		return unknownPolicy(policy)
 	}
 	found := false
 	for _, t := range targets {

@@ -94,6 +94,7 @@ func (c *usersCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Ch
 }
 
 func (c *usersCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	e.LoggerName = c.users.newest.Load().Name()
 	core := c.current()
 	if len(c.fields) > 0 {
 		core = core.With(c.fields)

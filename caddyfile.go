@@ -101,14 +101,23 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Errf("unexpected argument %q: rate_limit takes only a request matcher on its line, and its configuration in a block", d.Val())
 	}
 	p := cfParser{d: d} // Caddy prefixes errors with the directive name
+	h.cfTokens = make(map[string]caddyfile.Token)
+	defer func() { h.cfTokens = nil }()
 	if err := parseBlock(p, handlerBlock, h); err != nil {
 		return err
 	}
 	if len(h.RateLimits) == 0 {
 		return d.Err("no policy defined in rate_limit: add at least one `policy <name> { limit <n> window <duration> }`")
 	}
+	if tok, ok := h.cfTokens["denials_stream"]; ok && h.Redis == nil {
+		return p.errAt(tok, "denials_stream: needs a redis block (the stream lives in Redis)")
+	}
 	return nil
 }
+
+// record implements tokenRecorder: the handler's subdirectives, for checks
+// made once the whole block has been read.
+func (h *Handler) record(name string, tok caddyfile.Token) { h.cfTokens[name] = tok }
 
 // handlerBlock lists the subdirectives of `rate_limit`, in the order the
 // docs show them.
@@ -407,7 +416,11 @@ type tokenRecorder interface {
 // hands each subdirective to its parser. It refuses unknown subdirectives
 // and repeats of single-valued ones.
 func parseBlock[T any](p cfParser, b block[T], target T) error {
-	seen := make(map[string]int) // canonical name -> line
+	type first struct {
+		as   string // the spelling used, which may be an alias
+		line int
+	}
+	seen := make(map[string]first) // canonical name -> its first use
 	for nesting := p.d.Nesting(); p.d.NextBlock(nesting); {
 		name := p.d.Val()
 		sd := b.lookup(name)
@@ -415,10 +428,13 @@ func parseBlock[T any](p cfParser, b block[T], target T) error {
 			return p.errf("unknown subdirective %q (allowed: %s)", name, b.allowed())
 		}
 		if !sd.repeatable {
-			if line, dup := seen[sd.name]; dup {
-				return p.errf("%s already specified at line %d", name, line)
+			if f, dup := seen[sd.name]; dup {
+				if f.as != name {
+					return p.errf("%s: already specified as %s at line %d (%s and %s are the same setting)", name, f.as, f.line, f.as, name)
+				}
+				return p.errf("%s already specified at line %d", name, f.line)
 			}
-			seen[sd.name] = p.d.Line()
+			seen[sd.name] = first{name, p.d.Line()}
 		}
 		if r, ok := any(target).(tokenRecorder); ok {
 			r.record(sd.name, p.d.Token())
@@ -835,7 +851,28 @@ func parsePolicy(p cfParser, h *Handler) error {
 }
 
 func parseMatch(p cfParser, ps *policyState) error {
-	set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(p.d)
+	// Caddy's parser reports an unknown matcher at the end of the block;
+	// check the names first so the error names the matcher's own line.
+	seg := p.d.NewFromNextSegment()
+	var toks []caddyfile.Token
+	for seg.Next() {
+		toks = append(toks, seg.Token())
+	}
+	names := caddyfile.NewDispenser(toks)
+	names.Next() // "match"
+	for nesting := names.Nesting(); names.NextArg() || names.NextBlock(nesting); {
+		if names.Token().Quoted() {
+			continue // a CEL expression
+		}
+		if _, err := caddy.GetModule("http.matchers." + names.Val()); err != nil {
+			at := cfParser{d: names, scope: p.scope, dir: p.dir}
+			return at.dirErr("unknown matcher %q (no module http.matchers.%s; see https://caddyserver.com/docs/caddyfile/matchers)", names.Val(), names.Val())
+		}
+		names.NextSegment()
+	}
+	d := caddyfile.NewDispenser(toks)
+	d.Next()
+	set, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 	if err != nil {
 		return p.wrap(err)
 	}

@@ -460,7 +460,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"limit zero", policy("limit 0\nwindow 1s"), 3, []string{"policy p: limit: 0 is out of range (want an integer from 1 to 9007199254740991)"}},
 		{"limit negative", policy("limit -5\nwindow 1s"), 3, []string{"limit: -5 is out of range"}},
 		{"limit not integer", policy("limit 1.5\nwindow 1s"), 3, []string{`limit: "1.5" is not a valid integer (want an integer from 1 to 9007199254740991)`}},
-		{"events twice", policy("events 1\nlimit 2\nwindow 1s"), 4, []string{"limit already specified at line 3"}},
+		{"events twice", policy("events 1\nlimit 2\nwindow 1s"), 4, []string{"limit: already specified as events at line 3 (events and limit are the same setting)"}},
+		{"limit then events", policy("limit 1\nwindow 1s\nevents 2"), 5, []string{"events: already specified as limit at line 3 (limit and events are the same setting)"}},
 		{"window bad", policy("limit 1\nwindow soon"), 4, []string{`window: "soon" is not a valid duration (want e.g. 100ms, 10s, 1m, 1h, 1d)`}},
 		{"window zero", policy("limit 1\nwindow 0"), 4, []string{`window: "0" must be a positive duration`}},
 		{"window too long", policy("limit 1\nwindow 400d"), 4, []string{"window: 9600h0m0s is out of range (allowed: 1ms to 366d)"}},
@@ -485,7 +486,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"key twice", policy("key a\nkey b"), 4, []string{"key already specified at line 3"}},
 		{"key no arg", policy("key"), 3, []string{"key: wrong number of arguments (0)"}},
 		{"shadow arg", policy("shadow on"), 3, []string{"policy p: shadow: wrong number of arguments (1)"}},
-		{"match bad matcher", policy("limit 1\nwindow 1s\nmatch {\n nosuchmatcher x\n}"), 7, []string{"policy p: match:", "nosuchmatcher"}},
+		{"match bad matcher", policy("limit 1\nwindow 1s\nmatch {\n path /a\n nosuchmatcher x\n}"), 7, []string{`policy p: match: unknown matcher "nosuchmatcher" (no module http.matchers.nosuchmatcher`}},
 
 		// tier / override
 		{"tier one arg", policy("tier gold"), 3, []string{"tier: wrong number of arguments (1)", "usage: tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited"}},

@@ -226,7 +226,7 @@ func (s *denialStream) run() {
 			case err != nil && !failing:
 				failing = true
 				s.logger.Warn("denial stream: writing to Redis failed; dropping denials until it works again",
-					zap.String("stream", s.key), zap.Error(err))
+					zap.String("stream", s.key), causeField(err), zap.Error(err))
 			case err == nil && failing:
 				failing = false
 				s.logger.Info("denial stream: writing to Redis again", zap.String("stream", s.key))

@@ -93,6 +93,10 @@ type Handler struct {
 	// warning: `redis` supersedes it.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
+	// cfTokens holds the handler's subdirective tokens while the Caddyfile
+	// is parsed (see UnmarshalCaddyfile).
+	cfTokens map[string]caddyfile.Token
+
 	ctx        caddy.Context
 	logger     *zap.Logger
 	events     *caddyevents.App
@@ -163,6 +167,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionMetrics(ctx); err != nil {
 		return err
 	}
+	h.warnConfig()
+	h.warnSharedPolicies(ctx)
 
 	mode, err := parseHeaderMode(h.Headers)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -33,23 +34,23 @@ type runtimeOverride struct {
 // overrideJSON is the wire form of a runtimeOverride, in the admin API
 // and in Redis: window is a duration string, expires RFC 3339.
 type overrideJSON struct {
-	Tenant    string `json:"tenant"`
-	Policy    string `json:"policy"`
-	MaxEvents int64  `json:"max_events,omitempty"`
-	Window    string `json:"window,omitempty"`
-	Burst     int64  `json:"burst,omitempty"`
-	Unlimited bool   `json:"unlimited,omitempty"`
-	Shadow    bool   `json:"shadow,omitempty"`
-	Expires   string `json:"expires,omitempty"`
+	Tenant    string       `json:"tenant"`
+	Policy    string       `json:"policy"`
+	MaxEvents int64        `json:"max_events,omitempty"`
+	Window    flexDuration `json:"window,omitempty"`
+	Burst     int64        `json:"burst,omitempty"`
+	Unlimited bool         `json:"unlimited,omitempty"`
+	Shadow    bool         `json:"shadow,omitempty"`
+	Expires   flexDuration `json:"expires,omitempty"`
 }
 
 func (o runtimeOverride) MarshalJSON() ([]byte, error) {
 	j := overrideJSON{Tenant: o.Tenant, Policy: o.Policy, MaxEvents: o.MaxEvents, Burst: o.Burst, Unlimited: o.Unlimited, Shadow: o.Shadow}
 	if o.Window > 0 {
-		j.Window = o.Window.String()
+		j.Window = flexDuration(o.Window.String())
 	}
 	if !o.Expires.IsZero() {
-		j.Expires = o.Expires.UTC().Format(time.RFC3339Nano)
+		j.Expires = flexDuration(o.Expires.UTC().Format(time.RFC3339Nano))
 	}
 	return json.Marshal(j)
 }
@@ -67,6 +68,28 @@ func (o *runtimeOverride) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// flexDuration is a duration in JSON the way Caddy accepts them: a string
+// ("90s", "1d") or a number of nanoseconds, kept as text.
+type flexDuration string
+
+// UnmarshalJSON accepts a JSON string or a number of nanoseconds.
+func (f *flexDuration) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*f = flexDuration(s)
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("want a duration such as \"90s\" or \"1d\", or a number of nanoseconds: %s", b)
+	}
+	*f = flexDuration(time.Duration(n).String())
+	return nil
+}
+
 // parse checks the wire form; an expires that is a duration counts from now.
 func (j overrideJSON) parse(now time.Time) (runtimeOverride, error) {
 	o := runtimeOverride{Tenant: j.Tenant, Policy: j.Policy, MaxEvents: j.MaxEvents, Burst: j.Burst, Unlimited: j.Unlimited, Shadow: j.Shadow}
@@ -79,9 +102,9 @@ func (j overrideJSON) parse(now time.Time) (runtimeOverride, error) {
 		return o, fmt.Errorf("burst: %w", err)
 	}
 	if j.Window != "" {
-		d, err := time.ParseDuration(j.Window)
+		d, err := caddy.ParseDuration(string(j.Window))
 		if err != nil {
-			return o, fmt.Errorf("window: %q: want a duration such as 1m", j.Window)
+			return o, fmt.Errorf("window: %q: want a duration such as 90s, 1m or 1d", j.Window)
 		}
 		if err := limiter.CheckWindow(d); err != nil {
 			return o, fmt.Errorf("window: %w", err)
@@ -89,12 +112,12 @@ func (j overrideJSON) parse(now time.Time) (runtimeOverride, error) {
 		o.Window = d
 	}
 	if j.Expires != "" {
-		if t, err := time.Parse(time.RFC3339, j.Expires); err == nil {
+		if t, err := time.Parse(time.RFC3339, string(j.Expires)); err == nil {
 			o.Expires = t
-		} else if d, err := time.ParseDuration(j.Expires); err == nil && d > 0 {
+		} else if d, err := caddy.ParseDuration(string(j.Expires)); err == nil && d > 0 {
 			o.Expires = now.Add(d)
 		} else {
-			return o, fmt.Errorf("expires %q: want an RFC 3339 time or a positive duration", j.Expires)
+			return o, fmt.Errorf("expires: %q: want an RFC 3339 time or a positive duration such as 2h or 1d", j.Expires)
 		}
 	}
 	return o, nil

@@ -29,6 +29,10 @@ type redisBackend struct {
 	store     *limiter.BreakerStore
 	registry  *limiter.Registry
 	recorder  *limiter.Recorder
+	// dials remembers the client's failed dials, to name the cause of a
+	// timeout; timeout is the per-call deadline.
+	dials   *dialErrors
+	timeout time.Duration
 	// users are the handlers attached to the backend; logger writes
 	// through the newest one's logger.
 	users    backendUsers
@@ -77,8 +81,9 @@ func (b *redisBackend) fallbackScale() float64 {
 func (b *redisBackend) breakerChanged(open bool, err error) {
 	setBreakerOpen(open)
 	if open {
-		b.logger.Warn("rate limit store unreachable: circuit breaker open, deciding by fail mode",
-			zap.Error(err), zap.Duration("cooldown", b.cooldown))
+		err = b.dials.explain(err, max(time.Second, 2*b.timeout))
+		b.logger.Warn("rate limit store unreachable ("+failureCause(err)+"): circuit breaker open, deciding by fail mode",
+			causeField(err), zap.Error(err), zap.Duration("cooldown", b.cooldown))
 		return
 	}
 	b.logger.Info("rate limit store reachable again: circuit breaker closed")
@@ -132,12 +137,14 @@ func loadRedisBackend(rc *RedisConfig) (*redisBackend, string, error) {
 	}
 	key := fmt.Sprintf("%s|prefix=%s|breaker=%d/%s", conn.poolKey(), rc.KeyPrefix, failures, cooldown)
 	v, _, err := redisBackends.LoadOrNew(key, func() (caddy.Destructor, error) {
-		client, clientKey, err := loadRedisClient(conn)
+		client, dials, clientKey, err := loadRedisClient(conn)
 		if err != nil {
 			return nil, err
 		}
 		b := &redisBackend{
 			clientKey: clientKey,
+			dials:     dials,
+			timeout:   conn.Timeout,
 			cooldown:  cooldown,
 			recorder:  limiter.NewRecorder(limiter.RecorderOptions{}),
 			stop:      make(chan struct{}),

@@ -21,7 +21,10 @@ import (
 // it, so reloads neither reconnect nor leak connections.
 var redisClients = caddy.NewUsagePool()
 
-type pooledRedisClient struct{ redis.UniversalClient }
+type pooledRedisClient struct {
+	redis.UniversalClient
+	dials *dialErrors
+}
 
 // Destruct implements caddy.Destructor.
 func (c pooledRedisClient) Destruct() error { return c.Close() }
@@ -154,17 +157,21 @@ func (t *RedisTLSConfig) tlsConfig(addrs []string) (*tls.Config, error) {
 
 // loadRedisClient returns the shared client for c, creating it on first
 // use. Release it with redisClients.Delete(key).
-func loadRedisClient(c redisConnection) (redis.UniversalClient, string, error) {
+func loadRedisClient(c redisConnection) (redis.UniversalClient, *dialErrors, string, error) {
 	key := c.poolKey()
 	v, _, err := redisClients.LoadOrNew(key, func() (caddy.Destructor, error) {
 		opts, err := c.options()
 		if err != nil {
 			return nil, err
 		}
-		return pooledRedisClient{redis.NewUniversalClient(opts)}, nil
+		client := redis.NewUniversalClient(opts)
+		dials := new(dialErrors)
+		client.AddHook(dials)
+		return pooledRedisClient{client, dials}, nil
 	})
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	return v.(pooledRedisClient).UniversalClient, key, nil
+	pc := v.(pooledRedisClient)
+	return pc.UniversalClient, pc.dials, key, nil
 }
