@@ -227,29 +227,61 @@ func (t *overrideTable) set(tenant, policy string, o *runtimeOverride) (old runt
 }
 
 // replace swaps in a whole new set of overrides (a reload from Redis
-// that started at generation gen); it does nothing when a local write
-// happened since, as the reload may predate it.
-func (t *overrideTable) replace(all []runtimeOverride, gen uint64) {
+// that started at generation gen) and reports whether it did: it does
+// nothing when a local write happened since, as the reload may predate it.
+func (t *overrideTable) replace(all []runtimeOverride, gen uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.gen.Load() != gen {
-		return
+		return false
 	}
 	next := make(map[overrideKey]runtimeOverride, len(all))
 	for _, o := range all {
 		next[overrideKey{o.Tenant, o.Policy}] = o
 	}
 	t.m.Store(&next)
+	return true
 }
 
 // memoryOverrides holds the runtime overrides of handlers on the embedded
 // store: process-wide, lost on restart.
 var memoryOverrides = newOverrideTable()
 
-// redisOverrides keeps a backend's override table in sync with Redis:
-// the hashes <prefix>:ovr:{<tenant>} (field = policy, value = JSON). A
-// change is published on <prefix>:events; every instance reloads on a
-// message and, as a safety net, every overrideRefresh.
+// redisOverrides keeps a backend's override table in sync with Redis.
+//
+// Keys (prefix "rl" by default):
+//
+//   - <prefix>:ovr:{<tag>}: a hash per tenant with overrides (field =
+//     policy, value = JSON), where <tag> is the tenant escaped as in
+//     bucket keys (limiter.AppendEscaped).
+//   - <prefix>:ovr-index: a set of the tags that have such a hash.
+//   - <prefix>:ovr-version: a counter every change increments.
+//
+// (The index and the version are not named <prefix>:ovr:*: releases that
+// found the hashes by SCAN MATCH <prefix>:ovr:* would read them as hashes,
+// fail with WRONGTYPE and stop reloading during a rolling upgrade.)
+//
+// A change (store) writes the hash and the index first, then, once Redis
+// has answered, increments the version and publishes the tenant on
+// <prefix>:events; the commands are sent one after the other, never in
+// one pipeline, so a Redis Cluster (where the keys live on different
+// nodes) cannot apply the increment before the write.
+//
+// Every instance reloads on a message, when its pub/sub connection
+// (re)subscribes (messages sent while it was disconnected are lost), at
+// start, and when the version it polls every overrideRefresh differs from
+// the one its table was loaded at. A reload reads the version first, then
+// the index and every indexed hash, so a change that lands during the
+// reload bumps the version past the one remembered and is read again at
+// the next poll. No instance ever scans the keyspace.
+//
+// Redis cost of this background work, per instance: one GET of the
+// version per second (plus the pub/sub connection's keep-alive PING every
+// 3 s, and the registry's heartbeat script once a second, see
+// limiter.Registry), whatever the size of the keyspace. A reload, only
+// when something changed, costs one SMEMBERS and one HGETALL per tenant
+// with overrides, in one pipelined round trip (per node in a Cluster),
+// plus a few commands to drop the overrides found expired.
 type redisOverrides struct {
 	client  redis.UniversalClient
 	prefix  string
@@ -262,11 +294,23 @@ type redisOverrides struct {
 	// that other instances published (see publishReset).
 	id      string
 	onReset func(tenant, policy string)
+
+	// State of the run goroutine: the version the table was loaded at
+	// (loaded is false before the first load and after a load whose
+	// result was dropped), and the failures since the last success.
+	loaded   bool
+	version  string
+	failures int
+	lastWarn time.Time
 }
 
-// overrideRefresh is how often the table is reloaded from Redis even
-// without a change notice.
+// overrideRefresh is how often an instance polls the version, the safety
+// net for lost pub/sub messages.
 const overrideRefresh = time.Second
+
+// overrideWarnEvery throttles the WARN about failed reloads while Redis
+// keeps failing.
+const overrideWarnEvery = 10 * time.Second
 
 func newRedisOverrides(client redis.UniversalClient, prefix string, timeout time.Duration, logger *zap.Logger, id string, onReset func(tenant, policy string)) *redisOverrides {
 	if timeout <= 0 {
@@ -288,92 +332,278 @@ func (r *redisOverrides) close() {
 
 func (r *redisOverrides) channel() string { return r.prefix + ":events" }
 
-func (r *redisOverrides) hashKey(tenant string) string {
-	return string(limiter.AppendEscaped([]byte(r.prefix+":ovr:{"), tenant)) + "}"
-}
+// indexKey is the set of the tags of tenants that have an override hash.
+func (r *redisOverrides) indexKey() string { return r.prefix + ":ovr-index" }
+
+// versionKey is the counter every override change increments.
+func (r *redisOverrides) versionKey() string { return r.prefix + ":ovr-version" }
+
+// overrideTag is tenant as it appears in keys, and in the index.
+func overrideTag(tenant string) string { return string(limiter.AppendEscaped(nil, tenant)) }
+
+// tagKey is the override hash of the tenant whose tag is tag.
+func (r *redisOverrides) tagKey(tag string) string { return r.prefix + ":ovr:{" + tag + "}" }
 
 func (r *redisOverrides) run(ctx context.Context) {
 	defer close(r.done)
 	sub := r.client.Subscribe(ctx, r.channel())
 	defer sub.Close()
-	msgs := sub.Channel()
+	msgs := sub.ChannelWithSubscriptions()
 	tick := time.NewTicker(overrideRefresh)
 	defer tick.Stop()
-	r.reload(ctx)
+	r.reload(ctx, nil)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case m := <-msgs:
-			if id, tenant, policy, ok := parseResetNotice(m.Payload); ok {
-				if id != r.id && r.onReset != nil {
-					r.onReset(tenant, policy)
-				}
+		case m, ok := <-msgs:
+			if !ok {
+				msgs = nil
 				continue
 			}
-			r.reload(ctx)
+			// Take every message already queued, then reload once.
+			reload := r.handle(m)
+			for more := true; more; {
+				select {
+				case m, ok := <-msgs:
+					if !ok {
+						msgs, more = nil, false
+						continue
+					}
+					reload = r.handle(m) || reload
+				default:
+					more = false
+				}
+			}
+			if reload {
+				r.reload(ctx, nil)
+			}
 		case <-tick.C:
-			r.reload(ctx)
+			r.poll(ctx)
 		}
 	}
 }
 
-// reload reads every override hash. On error the table is kept.
-func (r *redisOverrides) reload(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 10*r.timeout)
-	defer cancel()
-	var (
-		mu  sync.Mutex
-		all []runtimeOverride
-	)
-	now := time.Now()
-	gen := r.table.gen.Load()
-	scan := func(ctx context.Context, c redis.Cmdable) error {
-		iter := c.Scan(ctx, 0, r.prefix+":ovr:*", 1000).Iterator()
-		for iter.Next(ctx) {
-			fields, err := c.HGetAll(ctx, iter.Val()).Result()
-			if err != nil {
-				return err
+// handle acts on one pub/sub event and reports whether the table must be
+// reloaded: after an override change, and after a (re)subscription, as
+// the changes published while the connection was down are lost.
+func (r *redisOverrides) handle(m any) bool {
+	switch m := m.(type) {
+	case *redis.Subscription:
+		return m.Kind == "subscribe"
+	case *redis.Message:
+		if id, tenant, policy, ok := parseResetNotice(m.Payload); ok {
+			if id != r.id && r.onReset != nil {
+				r.onReset(tenant, policy)
 			}
-			for field, v := range fields {
-				var o runtimeOverride
-				if json.Unmarshal([]byte(v), &o) != nil {
-					continue
-				}
-				if o.expired(now) {
-					// Expired: drop it from Redis too (any instance may).
-					c.HDel(ctx, iter.Val(), field)
-					continue
-				}
-				mu.Lock()
-				all = append(all, o)
-				mu.Unlock()
-			}
+			return false
 		}
-		return iter.Err()
+		return true
 	}
-	var err error
-	if cc, ok := r.client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
-	} else {
-		err = scan(ctx, r.client)
-	}
-	if err != nil {
-		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
-			r.logger.Debug("reloading runtime overrides", zap.Error(err))
-		}
+	return false
+}
+
+// poll reads the version and reloads when it is not the one the table was
+// loaded at.
+func (r *redisOverrides) poll(ctx context.Context) {
+	if !r.loaded {
+		r.reload(ctx, nil)
 		return
 	}
-	r.table.replace(all, gen)
+	v, err := r.readVersion(ctx)
+	if err != nil {
+		r.failed(ctx, err)
+		return
+	}
+	if v == r.version {
+		r.succeeded()
+		return
+	}
+	r.reload(ctx, &v)
 }
 
-// store writes (or deletes, o nil) the override in Redis, publishes the
-// change and appends it to the audit stream. The local table is updated
-// at once.
+func (r *redisOverrides) readVersion(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*r.timeout)
+	defer cancel()
+	v, err := r.client.Get(ctx, r.versionKey()).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return v, err
+}
+
+// reload replaces the table with what Redis holds. version, when set, was
+// read just before (by poll). On error the table is kept.
+func (r *redisOverrides) reload(ctx context.Context, version *string) {
+	gen := r.table.gen.Load()
+	v := ""
+	if version != nil {
+		v = *version
+	} else {
+		var err error
+		if v, err = r.readVersion(ctx); err != nil {
+			r.failed(ctx, err)
+			return
+		}
+	}
+	all, stale, err := r.readAll(ctx)
+	if err != nil {
+		r.failed(ctx, err)
+		return
+	}
+	r.succeeded()
+	// A local write since gen: the table is newer than what was read, and
+	// the next poll reloads.
+	r.loaded = r.table.replace(all, gen)
+	r.version = v
+	r.dropStale(ctx, stale)
+}
+
+// staleOverride is an override hash field found expired, or (field "") an
+// indexed tenant whose hash is empty.
+type staleOverride struct{ tag, field, value string }
+
+// readAll reads the index, then every indexed hash in one pipeline. It
+// returns the live overrides and what should be dropped from Redis.
+func (r *redisOverrides) readAll(ctx context.Context) (all []runtimeOverride, stale []staleOverride, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*r.timeout)
+	defer cancel()
+	tags, err := r.client.SMembers(ctx, r.indexKey()).Result()
+	if err != nil || len(tags) == 0 {
+		return nil, nil, err
+	}
+	pipe := r.client.Pipeline()
+	cmds := make([]*redis.MapStringStringCmd, len(tags))
+	for i, tag := range tags {
+		cmds[i] = pipe.HGetAll(ctx, r.tagKey(tag))
+	}
+	_, _ = pipe.Exec(ctx)
+	now := time.Now()
+	for i, cmd := range cmds {
+		fields, err := cmd.Result()
+		var rerr redis.Error
+		if errors.As(err, &rerr) {
+			// A key of another type under our name: skip it, do not let
+			// it stop every reload.
+			r.logger.Warn("runtime overrides: ignoring a key that is not a hash",
+				zap.String("key", r.tagKey(tags[i])), zap.Error(err))
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(fields) == 0 {
+			stale = append(stale, staleOverride{tag: tags[i]})
+			continue
+		}
+		for field, v := range fields {
+			var o runtimeOverride
+			if json.Unmarshal([]byte(v), &o) != nil {
+				continue
+			}
+			if o.expired(now) {
+				stale = append(stale, staleOverride{tags[i], field, v})
+				continue
+			}
+			all = append(all, o)
+		}
+	}
+	return all, stale, nil
+}
+
+// hdelIfScript deletes a hash field only if it still holds the value
+// read, so dropping an expired override never deletes the one an admin
+// has just put in its place.
+var hdelIfScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+	return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0`)
+
+// dropStale deletes expired overrides from Redis (any instance may) and
+// takes tenants whose hash is empty out of the index. The other instances
+// need not reload: they ignore expired overrides already.
+func (r *redisOverrides) dropStale(ctx context.Context, stale []staleOverride) {
+	if len(stale) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*r.timeout)
+	defer cancel()
+	for _, s := range stale {
+		if s.field != "" {
+			if err := hdelIfScript.Run(ctx, r.client, []string{r.tagKey(s.tag)}, s.field, s.value).Err(); err != nil {
+				r.logger.Warn("runtime overrides: dropping an expired override", zap.String("key", r.tagKey(s.tag)), zap.Error(err))
+				return
+			}
+		}
+		readded, err := r.unindexIfEmpty(ctx, s.tag)
+		if err == nil && readded {
+			err = r.client.Incr(ctx, r.versionKey()).Err()
+		}
+		if err != nil {
+			r.logger.Warn("runtime overrides: updating the index", zap.String("key", r.indexKey()), zap.Error(err))
+			return
+		}
+	}
+}
+
+// unindexIfEmpty takes tag out of the index when its hash is empty. A
+// setter writes the hash before it adds the tag, so checking the hash
+// again after SREM and adding the tag back when it is not empty never
+// leaves a hash with overrides out of the index, without a transaction
+// (the two keys may live on different Cluster nodes). readded reports
+// that the tag was put back: a reload elsewhere may have read the index
+// without it meanwhile, so the caller must bump the version.
+func (r *redisOverrides) unindexIfEmpty(ctx context.Context, tag string) (readded bool, err error) {
+	key := r.tagKey(tag)
+	if n, err := r.client.HLen(ctx, key).Result(); err != nil || n > 0 {
+		return false, err
+	}
+	if err := r.client.SRem(ctx, r.indexKey(), tag).Err(); err != nil {
+		return false, err
+	}
+	n, err := r.client.HLen(ctx, key).Result()
+	if err != nil || n > 0 {
+		// When in doubt put it back: an empty hash in the index costs
+		// one HGETALL per reload, a hash missing from it is lost.
+		if err2 := r.client.SAdd(ctx, r.indexKey(), tag).Err(); err == nil {
+			err = err2
+		}
+		return true, err
+	}
+	return false, nil
+}
+
+// failed notes a failed poll or reload: a WARN at the first failure, then
+// at most one per overrideWarnEvery while Redis keeps failing.
+func (r *redisOverrides) failed(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return // shutting down
+	}
+	r.failures++
+	if now := time.Now(); r.failures == 1 || now.Sub(r.lastWarn) >= overrideWarnEvery {
+		r.lastWarn = now
+		r.logger.Warn("runtime overrides: reading them from Redis failed; keeping the ones loaded, retrying every second",
+			zap.Int("failures", r.failures), zap.Error(err))
+	}
+}
+
+// succeeded notes a successful poll or reload: one INFO after failures.
+func (r *redisOverrides) succeeded() {
+	if r.failures > 0 {
+		r.logger.Info("runtime overrides: reading them from Redis works again", zap.Int("failures", r.failures))
+		r.failures = 0
+	}
+}
+
+// store writes (or deletes, o nil) the override in Redis, then bumps the
+// version, publishes the change and appends it to the audit stream. The
+// local table is updated at once.
 func (r *redisOverrides) store(ctx context.Context, tenant, policy string, o *runtimeOverride, remote string) (old runtimeOverride, had bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*r.timeout)
 	defer cancel()
-	key := r.hashKey(tenant)
+	tag := overrideTag(tenant)
+	key := r.tagKey(tag)
 	prev, err := r.client.HGet(ctx, key, policy).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return old, false, err
@@ -387,6 +617,10 @@ func (r *redisOverrides) store(ctx context.Context, tenant, policy string, o *ru
 		if err := r.client.HDel(ctx, key, policy).Err(); err != nil {
 			return old, had, err
 		}
+		// The version is bumped below in any case.
+		if _, err := r.unindexIfEmpty(ctx, tag); err != nil {
+			return old, had, err
+		}
 	} else {
 		action = "set"
 		b, _ := json.Marshal(o)
@@ -394,8 +628,17 @@ func (r *redisOverrides) store(ctx context.Context, tenant, policy string, o *ru
 		if err := r.client.HSet(ctx, key, policy, newJSON).Err(); err != nil {
 			return old, had, err
 		}
+		// After the HSET's reply: see unindexIfEmpty.
+		if err := r.client.SAdd(ctx, r.indexKey(), tag).Err(); err != nil {
+			return old, had, err
+		}
 	}
 	r.table.set(tenant, policy, o)
+	// After the writes' replies, so an instance that sees the new version
+	// reads the new value.
+	if err := r.client.Incr(ctx, r.versionKey()).Err(); err != nil {
+		return old, had, fmt.Errorf("override stored, but the other instances may not see it until the next change (retry): incrementing %s: %w", r.versionKey(), err)
+	}
 	if err := r.client.Publish(ctx, r.channel(), tenant).Err(); err != nil {
 		r.logger.Warn("publishing runtime override change", zap.Error(err))
 	}
