@@ -246,8 +246,14 @@ func TestCaddyfileHandlerDirectives(t *testing.T) {
 		{"headers off", withPolicy("headers off"), baseHandler(func(h *Handler) { h.Headers = "off" })},
 		{"jitter fraction", withPolicy("jitter 0.25"), baseHandler(func(h *Handler) { h.Jitter = 0.25 })},
 		{"jitter caddy-ratelimit percent style", withPolicy("jitter 20"), baseHandler(func(h *Handler) { h.Jitter = 20 })},
-		{"denials_stream default", withPolicy("denials_stream"), baseHandler(func(h *Handler) { h.DenialsStream = 10000 })},
-		{"denials_stream maxlen", withPolicy("denials_stream 500"), baseHandler(func(h *Handler) { h.DenialsStream = 500 })},
+		{"denials_stream default", withPolicy("redis a:1\ndenials_stream"), baseHandler(func(h *Handler) {
+			h.DenialsStream = 10000
+			h.Redis = &RedisConfig{Addresses: []string{"a:1"}}
+		})},
+		{"denials_stream maxlen", withPolicy("denials_stream 500\nredis a:1"), baseHandler(func(h *Handler) {
+			h.DenialsStream = 500
+			h.Redis = &RedisConfig{Addresses: []string{"a:1"}}
+		})},
 		{"metrics_tenants", withPolicy("metrics_tenants 25"), baseHandler(func(h *Handler) { h.MetricsTenants = 25 })},
 		{"metrics_tenants zero", withPolicy("metrics_tenants 0"), baseHandler(nil)},
 		{"log_key", withPolicy("log_key"), baseHandler(func(h *Handler) { h.LogKey = true })},
@@ -417,6 +423,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"jitter twice", withPolicy("jitter 0.1\njitter 0.2"), 3, []string{"jitter already specified at line 2"}},
 		{"denials_stream zero", withPolicy("denials_stream 0"), 2, []string{"denials_stream: 0 is out of range (want a positive integer)"}},
 		{"denials_stream two args", withPolicy("denials_stream 1 2"), 2, []string{"usage: denials_stream [<maxlen>]"}},
+		{"denials_stream without redis", withPolicy("log_key\ndenials_stream"), 3, []string{"denials_stream: needs a redis block (the stream lives in Redis)"}},
 		{"metrics_tenants negative", withPolicy("metrics_tenants -3"), 2, []string{"metrics_tenants: -3 is out of range (want an integer from 0 to 10000)"}},
 		{"metrics_tenants float", withPolicy("metrics_tenants 2.5"), 2, []string{`metrics_tenants: "2.5" is not a valid integer`}},
 		{"sweep_interval bad", withPolicy("sweep_interval often"), 2, []string{`sweep_interval: "often" is not a valid duration`}},

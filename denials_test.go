@@ -198,9 +198,11 @@ func TestDenialStreamTenantCut(t *testing.T) {
 // TestDenialStreamNeedsRedis: without a redis block the config is refused
 // with a message that says why.
 func TestDenialStreamNeedsRedis(t *testing.T) {
-	cfg := adaptCaddyfile(t, ":8080 {\n\trate_limit {\n\t\tdenials_stream\n\t\tpolicy api {\n\t\t\tlimit 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n")
+	// The Caddyfile refuses it with the line (see TestCaddyfileErrors);
+	// a JSON config is refused when it loads.
 	var c caddy.Config
-	if err := json.Unmarshal(cfg, &c); err != nil {
+	cfg := `{"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[{"handler":"rate_limit","denials_stream":10,"rate_limits":{"api":{"max_events":1,"window":60000000000}}}]}]}}}}}`
+	if err := json.Unmarshal([]byte(cfg), &c); err != nil {
 		t.Fatal(err)
 	}
 	err := caddy.Validate(&c)

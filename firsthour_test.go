@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
@@ -309,7 +310,26 @@ func TestDocExamplesCannotBeSpoofed(t *testing.T) {
 	})
 	t.Run("basic_auth", func(t *testing.T) {
 		block := docBlockWith(t, "basic_auth", "tenant {http.auth.user.id}", "bob ")
-		s := startSiteBlock(t, block, "localhost:9000", backend)
+		// The documented hashes have bcrypt's cost 14 (caddy
+		// hash-password): seconds per first check under -race. Same
+		// passwords, cost 4.
+		hashes := map[string]string{"alice": "hunter2", "bob": "swordfish"}
+		var repl []string
+		for user, pw := range hashes {
+			m := regexp.MustCompile(user + ` (\$2a\$14\$\S+)`).FindStringSubmatch(block)
+			if m == nil {
+				t.Fatalf("no bcrypt hash for %s in the example", user)
+			}
+			if bcrypt.CompareHashAndPassword([]byte(m[1]), []byte(pw)) != nil {
+				t.Fatalf("the documented hash of %s is not of %q", user, pw)
+			}
+			cheap, err := bcrypt.GenerateFromPassword([]byte(pw), bcrypt.MinCost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			repl = append(repl, m[1], string(cheap))
+		}
+		s := startSiteBlock(t, block, append(repl, "localhost:9000", backend)...)
 		get := func(user, pass string) response {
 			req, _ := http.NewRequest(http.MethodGet, s.base+"/", nil)
 			req.SetBasicAuth(user, pass)
