@@ -1,7 +1,6 @@
 package tollgate
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -163,13 +163,13 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 	for _, h := range liveHandlers() {
 		hs := handlerStatus{Store: h.storeKind(), Instances: 1, Policies: []policyStatus{}}
 		var leaseStats map[string]limiter.LeaseStats
-		if h.leases != nil {
-			leaseStats = h.leases.Stats()
+		if h.stack != nil {
+			leaseStats = h.stack.LeaseStats()
 		}
 		if b := h.backend; b != nil {
-			hs.KeyPrefix = b.overrides.prefix
-			hs.BreakerOpen = b.store.Open()
-			hs.Instances = b.registry.Count()
+			hs.KeyPrefix = b.Prefix()
+			hs.BreakerOpen = b.Store().Open()
+			hs.Instances = b.Instances()
 		}
 		for _, p := range h.policies {
 			ps := policyStatus{
@@ -183,7 +183,7 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 			if p.policy.Limit.Window > 0 {
 				ps.Window = p.policy.Limit.Window.String()
 			}
-			if l := p.policy.Lease; l.Enabled() && h.leases != nil {
+			if l := p.policy.Lease; l.Enabled() && leaseStats != nil {
 				ttl := l.TTL
 				if ttl <= 0 {
 					ttl = limiter.DefaultLeaseTTL
@@ -374,28 +374,24 @@ func (adminAPI) reset(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	done := map[limiter.Store]bool{}
+	// Each store once: the backend's buckets are reset once for every
+	// handler on it (and every handler's leases dropped).
+	done := map[any]bool{}
 	for i, h := range hs {
 		if len(ps[i]) == 0 {
 			continue
 		}
-		store := h.store
-		if h.leases != nil {
-			// This handler's leases and cached denials; the backend's
-			// buckets are reset once for every handler on it.
-			h.leases.Forget(tenant, policy)
-			store = h.backend.store
+		var err error
+		switch {
+		case h.backend != nil && !done[h.backend]:
+			done[h.backend] = true
+			err = h.backend.Reset(r.Context(), tenant, policy, r.RemoteAddr)
+		case h.backend == nil && !done[h.store]:
+			done[h.store] = true
+			err = h.store.Reset(r.Context(), tenant, policy)
 		}
-		if done[store] {
-			continue
-		}
-		done[store] = true
-		if err := store.Reset(r.Context(), tenant, policy); err != nil {
+		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "resetting: %v", err)
-		}
-		if h.backend != nil {
-			h.backend.overrides.publishReset(r.Context(), tenant, policy)
-			h.backend.overrides.audit(r.Context(), "reset", tenant, policy, "", "", r.RemoteAddr)
 		}
 	}
 	return writeJSON(w, map[string]any{"tenant": tenant, "policy": policy, "reset": true})
@@ -429,7 +425,7 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 	}
 	// Entries store the tenant cut as in logs.
 	want := loggable(tenant)
-	seen := map[*redisBackend]bool{}
+	seen := map[*fleet.Backend]bool{}
 	out := []map[string]any{}
 	for _, h := range liveHandlers() {
 		b := h.backend
@@ -437,7 +433,7 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		seen[b] = true
-		entries, err := b.recentDenials(r.Context(), want, count-len(out))
+		entries, err := b.Denials().Recent(r.Context(), want, count-len(out), maxDenialsScanned)
 		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "reading the denial stream: %v", err)
 		}
@@ -469,15 +465,15 @@ func unknownPolicy(name string) error {
 // overrideTarget is a store of runtime overrides and the handlers that
 // use it.
 type overrideTarget struct {
-	table *overrideTable
-	redis *redisOverrides
+	table *fleet.OverrideTable
+	redis *fleet.OverrideSync
 }
 
 // overrideTargets returns the distinct override stores of handlers that
 // have policy (any policy when empty), and the policy itself for
 // validation.
 func overrideTargets(policy string) ([]overrideTarget, []*limiter.Policy) {
-	seen := map[*overrideTable]bool{}
+	seen := map[*fleet.OverrideTable]bool{}
 	var out []overrideTarget
 	var pols []*limiter.Policy
 	for _, h := range liveHandlers() {
@@ -492,7 +488,7 @@ func overrideTargets(policy string) ([]overrideTarget, []*limiter.Policy) {
 			seen[h.overrides] = true
 			t := overrideTarget{table: h.overrides}
 			if h.backend != nil {
-				t.redis = h.backend.overrides
+				t.redis = h.backend.Overrides()
 			}
 			out = append(out, t)
 		}
@@ -505,18 +501,19 @@ func (adminAPI) overrides(w http.ResponseWriter, r *http.Request) error {
 	case http.MethodGet:
 		q := r.URL.Query()
 		targets, _ := overrideTargets("")
-		all := []runtimeOverride{}
-		seen := map[overrideKey]bool{}
+		all := []fleet.Override{}
+		type key struct{ tenant, policy string }
+		seen := map[key]bool{}
 		for _, t := range targets {
-			for _, o := range t.table.list(q.Get("tenant")) {
-				k := overrideKey{o.Tenant, o.Policy}
+			for _, o := range t.table.List(q.Get("tenant")) {
+				k := key{o.Tenant, o.Policy}
 				if (q.Get("policy") == "" || o.Policy == q.Get("policy")) && !seen[k] {
 					seen[k] = true
 					all = append(all, o)
 				}
 			}
 		}
-		sortOverrides(all)
+		fleet.SortOverrides(all)
 		return writeJSON(w, map[string]any{"overrides": all})
 	case http.MethodPut, http.MethodPost:
 		return putOverride(w, r)
@@ -548,16 +545,7 @@ func putOverride(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var j overrideJSON
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&j); err != nil {
-		return apiError(http.StatusBadRequest, "malformed JSON: %v", err)
-	}
-	if j.Tenant == "" || j.Policy == "" {
-		return apiError(http.StatusBadRequest, "tenant and policy are required")
-	}
-	o, err := j.parse(time.Now())
+	o, err := fleet.DecodeOverride(body, time.Now())
 	if err != nil {
 		return apiError(http.StatusBadRequest, "%v", err)
 	}
@@ -569,11 +557,11 @@ func putOverride(w http.ResponseWriter, r *http.Request) error {
 		return unknownPolicy(o.Policy)
 	}
 	for _, p := range pols {
-		if err := p.ValidateLimit(o.limit(p)); err != nil {
+		if err := p.ValidateLimit(o.Limit(p)); err != nil {
 			return apiError(http.StatusBadRequest, "policy %s: %v", p.Name, err)
 		}
 	}
-	var old runtimeOverride
+	var old fleet.Override
 	var had bool
 	for _, t := range targets {
 		if o2, h2, err := t.apply(r, o.Tenant, o.Policy, &o); err != nil {
@@ -593,7 +581,10 @@ func deleteOverride(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	tenant, policy := q.Get("tenant"), q.Get("policy")
 	if tenant == "" || policy == "" {
-		var j overrideJSON
+		var j struct {
+			Tenant string `json:"tenant"`
+			Policy string `json:"policy"`
+		}
 		body, err := readBody(w, r)
 		if err != nil {
 			return err
@@ -632,13 +623,10 @@ func deleteOverride(w http.ResponseWriter, r *http.Request) error {
 }
 
 // apply stores o (nil: deletes) in the target.
-func (t overrideTarget) apply(r *http.Request, tenant, policy string, o *runtimeOverride) (runtimeOverride, bool, error) {
+func (t overrideTarget) apply(r *http.Request, tenant, policy string, o *fleet.Override) (fleet.Override, bool, error) {
 	if t.redis != nil {
-		return t.redis.store(r.Context(), tenant, policy, o, r.RemoteAddr)
+		return t.redis.Store(r.Context(), tenant, policy, o, r.RemoteAddr)
 	}
-	old, had := t.table.set(tenant, policy, o)
-	if had && old.expired(time.Now()) {
-		had = false
-	}
+	old, had := t.table.Set(tenant, policy, o)
 	return old, had, nil
 }

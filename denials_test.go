@@ -15,17 +15,17 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
 
+	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // droppedDenials reads caddy_rate_limit_denials_dropped_total{reason}.
-func droppedDenials(t testing.TB, r dropReason) float64 {
+func droppedDenials(t testing.TB, reason string) float64 {
 	t.Helper()
 	var m dto.Metric
-	if err := dropCounters()[r].Write(&m); err != nil {
+	if err := collectors.denialsDropped.WithLabelValues(reason).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
@@ -34,19 +34,22 @@ func droppedDenials(t testing.TB, r dropReason) float64 {
 func allDroppedDenials(t testing.TB) float64 {
 	t.Helper()
 	sum := 0.0
-	for r := range numDropReasons {
+	for _, r := range fleet.DropReasons {
 		sum += droppedDenials(t, r)
 	}
 	return sum
 }
 
-// streamBackends returns the denial streams of the live Redis backends.
-func streamBackends() []*denialStream {
-	var out []*denialStream
-	redisBackends.Range(func(_, v any) bool {
-		out = append(out, v.(*redisBackend).denials)
-		return true
-	})
+// liveStreams returns the distinct denial streams of the live handlers.
+func liveStreams() []*fleet.DenialStream {
+	handlersMu.RLock()
+	defer handlersMu.RUnlock()
+	var out []*fleet.DenialStream
+	for _, h := range liveHandlers() {
+		if h.denials != nil && !slices.Contains(out, h.denials) {
+			out = append(out, h.denials)
+		}
+	}
 	return out
 }
 
@@ -163,14 +166,14 @@ func TestDenialStreamEntries(t *testing.T) {
 	}
 
 	// One writer for the three handlers, trimming with the largest maxlen.
-	streams := streamBackends()
+	streams := liveStreams()
 	if len(streams) != 1 {
-		t.Fatalf("%d backends, want 1", len(streams))
+		t.Fatalf("%d streams, want 1", len(streams))
 	}
-	if got := streams[0].maxlen.Load(); got != defaultDenialsStream {
+	if got := streams[0].MaxLen(); got != defaultDenialsStream {
 		t.Errorf("maxlen %d, want %d (the largest asked for)", got, defaultDenialsStream)
 	}
-	if got := denialsWriters.Load(); got != 1 {
+	if got := fleet.Writers(); got != 1 {
 		t.Errorf("%d writers running, want 1", got)
 	}
 }
@@ -208,48 +211,6 @@ func TestDenialStreamNeedsRedis(t *testing.T) {
 	err := caddy.Validate(&c)
 	if err == nil || !strings.Contains(err.Error(), "denials_stream: needs a redis block") {
 		t.Fatalf("error %v, want denials_stream: needs a redis block", err)
-	}
-}
-
-// TestDenialStreamTrims: MAXLEN ~ keeps the stream near maxlen.
-func TestDenialStreamTrims(t *testing.T) {
-	srv := redistest.StartStandalone(t, redistest.Options{})
-	c := srv.Client(t)
-	site := rateLimitBlock(srv.Addr, "", "\t\tdenials_stream 100", "policy api {\n\t\t\tlimit 1\n\t\t\twindow 1h\n\t\t}") + "\n\trespond \"ok\""
-	s := startCaddy(t, "", site, nil)
-	dropped := allDroppedDenials(t)
-	const n = 1000
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	denied := 0
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < n+1; i += 8 {
-				if s.get("/", "X-Tenant", "acme").status == 429 {
-					mu.Lock()
-					denied++
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if denied != n {
-		t.Fatalf("%d denials, want %d", denied, n)
-	}
-	waitFor(t, func() bool { return float64(entriesAdded(t, c, "rl:denials"))+allDroppedDenials(t)-dropped >= n })
-	if d := allDroppedDenials(t) - dropped; d != 0 {
-		t.Errorf("%v denials dropped with a healthy Redis", d)
-	}
-	xlen, err := c.XLen(context.Background(), "rl:denials").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("entries added %d, XLEN %d with maxlen 100", entriesAdded(t, c, "rl:denials"), xlen)
-	if xlen < 100 || xlen > 300 {
-		t.Errorf("XLEN %d, want about 100 (100..300) after %d denials with denials_stream 100", xlen, n)
 	}
 }
 
@@ -306,8 +267,8 @@ func TestDenialStreamHungRedis(t *testing.T) {
 	dropped := allDroppedDenials(t)
 	srv.Pause()
 	on, deniedOn := run(s)
-	// Longer than a batch's deadline: the writer's batch fails.
-	time.Sleep(denialMinBatchTimeout + 500*time.Millisecond)
+	// Longer than a batch's deadline (1s): the writer's batch fails.
+	time.Sleep(1500 * time.Millisecond)
 	srv.Resume()
 
 	t.Logf("fail-closed 429s with Redis paused, %d requests, %d workers: stream off p50 %v p99 %v max %v; stream on p50 %v p99 %v max %v",
@@ -333,93 +294,7 @@ func TestDenialStreamHungRedis(t *testing.T) {
 	}
 	t.Logf("written %d, dropped %v (error %v, buffer_full %v, breaker_open %v)",
 		entriesAdded(t, c, "rl:denials")-before, allDroppedDenials(t)-dropped,
-		droppedDenials(t, dropError), droppedDenials(t, dropBufferFull), droppedDenials(t, dropBreakerOpen))
-}
-
-// TestDenialStreamFullBufferNeverBlocks: with the writer stuck on a paused
-// Redis and the buffer full, adding a denial returns at once and counts a
-// drop; the writer recovers when Redis is back and stops within its flush
-// deadline.
-func TestDenialStreamFullBufferNeverBlocks(t *testing.T) {
-	srv := redistest.StartStandalone(t, redistest.Options{})
-	opts := srv.ClientOptions()
-	opts.ReadTimeout, opts.WriteTimeout = 50*time.Millisecond, 50*time.Millisecond
-	opts.ContextTimeoutEnabled = true
-	client := redis.NewClient(opts)
-	t.Cleanup(func() { client.Close() })
-	breaker := limiter.NewBreakerStore(errStore{}, limiter.BreakerOptions{})
-	s := newDenialStream(client, "full", "test-instance", 50*time.Millisecond, breaker, zap.NewNop())
-	s.acquire(100)
-	defer s.close()
-
-	srv.Pause()
-	full := droppedDenials(t, dropBufferFull)
-	const n = 20000
-	var worst, total time.Duration
-	e := denialEntry{ts: time.Now().UnixMilli(), tenant: "acme", policy: "api", limit: 10, retryAfter: 3}
-	for range n {
-		t0 := time.Now()
-		s.add(e)
-		d := time.Since(t0)
-		total += d
-		worst = max(worst, d)
-	}
-	dropped := droppedDenials(t, dropBufferFull) - full
-	t.Logf("%d adds with the writer hung: mean %v, worst %v, %v dropped as buffer_full", n, total/n, worst, dropped)
-	if dropped < n-denialBufferSize-2*denialBatchSize {
-		t.Errorf("only %v of %d dropped with a %d buffer and a hung writer", dropped, n, denialBufferSize)
-	}
-	if total/n > 20*time.Microsecond || worst > 100*time.Millisecond {
-		t.Errorf("add with a full buffer: mean %v, worst %v; it must not wait", total/n, worst)
-	}
-	srv.Resume()
-	waitFor(t, func() bool { return entriesAdded(t, srv.Client(t), "full:denials") > 0 })
-
-	// close: the last flush is bounded even with Redis paused again.
-	for range denialBufferSize {
-		s.add(e)
-	}
-	srv.Pause()
-	t0 := time.Now()
-	s.close()
-	if d := time.Since(t0); d > denialFlushTimeout+time.Second {
-		t.Errorf("close took %v with Redis paused", d)
-	}
-	srv.Resume()
-	s.add(e) // after close: counted, not queued
-	if len(s.buf) != 0 {
-		t.Errorf("%d denials left in the buffer after close", len(s.buf))
-	}
-}
-
-// TestDenialStreamBreakerOpen: while the breaker is open the writer drops
-// batches without calling Redis.
-func TestDenialStreamBreakerOpen(t *testing.T) {
-	srv := redistest.StartStandalone(t, redistest.Options{})
-	c := srv.Client(t)
-	failing := limiter.NewBreakerStore(errStore{}, limiter.BreakerOptions{Failures: 1, Cooldown: time.Hour})
-	_, _ = failing.Decide(context.Background(), []limiter.Check{{}}, make([]limiter.Result, 1))
-	if !failing.Open() {
-		t.Fatal("breaker did not open")
-	}
-	s := newDenialStream(c, "brk", "i", 100*time.Millisecond, failing, zap.NewNop())
-	s.acquire(100)
-	before := droppedDenials(t, dropBreakerOpen)
-	for range 10 {
-		s.add(denialEntry{tenant: "acme", policy: "api"})
-	}
-	waitFor(t, func() bool { return droppedDenials(t, dropBreakerOpen)-before == 10 })
-	s.close()
-	if got := entriesAdded(t, c, "brk:denials"); got != 0 {
-		t.Errorf("%d entries written with the breaker open", got)
-	}
-}
-
-// errStore fails every call.
-type errStore struct{ limiter.Store }
-
-func (errStore) Decide(context.Context, []limiter.Check, []limiter.Result) (bool, error) {
-	return false, fmt.Errorf("down")
+		droppedDenials(t, "error"), droppedDenials(t, "buffer_full"), droppedDenials(t, "breaker_open"))
 }
 
 // TestDenialStreamNoLeakAcrossReloads: reloads between stream configs keep
@@ -440,10 +315,10 @@ func TestDenialStreamNoLeakAcrossReloads(t *testing.T) {
 	for i := range 10 {
 		s.load("", site(100+i), nil)
 		s.load("", site(200+i), nil) // reload with another maxlen: same writer
-		if got := denialsWriters.Load(); got != 1 {
+		if got := fleet.Writers(); got != 1 {
 			t.Fatalf("reload %d: %d writers, want 1", i, got)
 		}
-		if got := streamBackends()[0].maxlen.Load(); got != int64(200+i) {
+		if got := liveStreams()[0].MaxLen(); got != int64(200+i) {
 			t.Errorf("reload %d: maxlen %d, want %d", i, got, 200+i)
 		}
 		for range 2 {
@@ -453,7 +328,7 @@ func TestDenialStreamNoLeakAcrossReloads(t *testing.T) {
 		}
 		s.load("", plain, nil) // no Redis: the backend and its writer go
 		testClient.CloseIdleConnections()
-		if got := denialsWriters.Load(); got != 0 {
+		if got := fleet.Writers(); got != 0 {
 			t.Fatalf("reload %d: %d writers after unloading Redis, want 0", i, got)
 		}
 	}
@@ -472,65 +347,22 @@ func TestDenialStreamNoLeakAcrossReloads(t *testing.T) {
 }
 
 // BenchmarkRecordDenial is the deny path's cost of the stream: building
-// the entry and queueing it, with a writer draining the buffer.
+// the entry and queueing it, with a writer draining the buffer into Redis.
 func BenchmarkRecordDenial(b *testing.B) {
-	s := newDenialStream(nil, "", "i", time.Second, nil, zap.NewNop())
-	stop := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-s.buf:
-			case <-stop:
-				return
-			}
-		}
-	}()
-	defer close(stop)
-	h := &Handler{denials: s}
-	it := &limiter.Item{Tenant: "acme", Policy: &limiter.Policy{Name: "api"}}
-	v := &limiter.Verdict{}
-	b.ReportAllocs()
-	for b.Loop() {
-		h.recordDenial(it, v, 3)
-	}
-}
-
-// BenchmarkRecordDenialFull: the same with the buffer full (every denial
-// dropped and counted).
-func BenchmarkRecordDenialFull(b *testing.B) {
-	s := newDenialStream(nil, "", "i", time.Second, nil, zap.NewNop())
-	for range denialBufferSize {
-		s.buf <- denialEntry{}
-	}
-	h := &Handler{denials: s}
-	it := &limiter.Item{Tenant: "acme", Policy: &limiter.Policy{Name: "api"}}
-	v := &limiter.Verdict{}
-	b.ReportAllocs()
-	for b.Loop() {
-		h.recordDenial(it, v, 3)
-	}
-}
-
-// BenchmarkDenialStreamWrite: entries per second one writer puts in a
-// local Redis, in full batches.
-func BenchmarkDenialStreamWrite(b *testing.B) {
 	srv := redistest.StartStandalone(b, redistest.Options{})
-	c := srv.Client(b)
-	breaker := limiter.NewBreakerStore(errStore{}, limiter.BreakerOptions{})
-	s := newDenialStream(c, "bench", "instance-1", time.Second, breaker, zap.NewNop())
-	s.maxlen.Store(10000)
-	batch := make([]denialEntry, denialBatchSize)
-	for i := range batch {
-		batch[i] = denialEntry{ts: time.Now().UnixMilli(), tenant: "tenant-" + strconv.Itoa(i), policy: "api", limit: 100, retryAfter: 7}
+	backend, err := fleet.Acquire(fleet.BackendOptions{Connection: fleet.Connection{Addresses: []string{srv.Addr}}})
+	if err != nil {
+		b.Fatal(err)
 	}
-	ctx := context.Background()
-	start := time.Now()
-	n := 0
+	defer backend.Release()
+	s := backend.Denials()
+	s.Acquire(1000)
+	defer s.Release(1000)
+	h := &Handler{denials: s}
+	it := &limiter.Item{Tenant: "acme", Policy: &limiter.Policy{Name: "api"}}
+	v := &limiter.Verdict{}
+	b.ReportAllocs()
 	for b.Loop() {
-		if err := s.write(ctx, batch); err != nil {
-			b.Fatal(err)
-		}
-		n += len(batch)
+		h.recordDenial(it, v, 3)
 	}
-	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "entries/s")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -176,6 +177,45 @@ func registerMetrics(reg prometheus.Registerer) error {
 		return fmt.Errorf("registering rate limit metrics: %v", err)
 	}
 	return nil
+}
+
+// metricsObserver reports what a fleet.Backend measures into the
+// collectors. It is the Observer of every handler that records metrics.
+type metricsObserver struct{}
+
+var _ fleet.Observer = metricsObserver{}
+
+// RedisCall implements fleet.Observer.
+func (metricsObserver) RedisCall(script, result string, d time.Duration) {
+	observeRedis(script, result, d)
+}
+
+// BreakerOpen implements fleet.Observer.
+func (metricsObserver) BreakerOpen(open bool) { setBreakerOpen(open) }
+
+// DenialsDropped implements fleet.Observer.
+func (metricsObserver) DenialsDropped(reason string, n int) {
+	collectors.denialsDropped.WithLabelValues(reason).Add(float64(n))
+}
+
+// leaseCounters caches, per policy, the children of
+// caddy_rate_limit_lease_units_total, so counting spent units on the
+// request path is a map read and an atomic add.
+var leaseCounters sync.Map // policy name -> *[limiter.NumLeaseEvents]prometheus.Counter
+
+// observeLeaseUnits implements limiter.LeaseOptions.Observe.
+func observeLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
+	v, ok := leaseCounters.Load(policy)
+	if !ok {
+		var cs [limiter.NumLeaseEvents]prometheus.Counter
+		for e := range limiter.NumLeaseEvents {
+			cs[e] = collectors.leaseUnits.WithLabelValues(policy, e.String())
+		}
+		v, _ = leaseCounters.LoadOrStore(policy, &cs)
+	}
+	if ev < limiter.NumLeaseEvents && units > 0 {
+		v.(*[limiter.NumLeaseEvents]prometheus.Counter)[ev].Add(float64(units))
+	}
 }
 
 // setBreakerOpen sets caddy_rate_limit_breaker_open, for the breaker's

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -97,21 +98,23 @@ type Handler struct {
 	// is parsed (see UnmarshalCaddyfile).
 	cfTokens map[string]caddyfile.Token
 
-	ctx        caddy.Context
-	logger     *zap.Logger
-	events     *caddyevents.App
-	store      limiter.Store
-	storeKey   string
-	backendKey string
-	backend    *redisBackend
-	// backendUser is this handler's attachment to backend.
-	backendUser *backendUser
+	ctx    caddy.Context
+	logger *zap.Logger
+	events *caddyevents.App
+	// store decides requests: the embedded store, or the stack's store.
+	store limiter.Store
+	// storeKey names the embedded store in its pool ("" with Redis).
+	storeKey string
+	// backend, attachment and stack: the shared Redis backend, this
+	// handler's hooks on it, and its store stack (nil without Redis).
+	backend    *fleet.Backend
+	attachment *fleet.Attachment
+	stack      *fleet.Stack
+	// fallbackKey names the shared fallback store of fail_mode local.
+	fallbackKey string
 	// denials is the backend's denial stream while this handler uses it
 	// (denials_stream > 0), else nil.
-	denials *denialStream
-	// fallback decides fail_mode local policies while Redis fails.
-	fallback    limiter.Fallback
-	fallbackKey string
+	denials *fleet.DenialStream
 	// lastStoreWarning (unix nanos) throttles store failure logs.
 	lastStoreWarning *atomic.Int64
 	policies         []*policyRuntime
@@ -119,10 +122,7 @@ type Handler struct {
 	// metrics is nil when metrics are disabled.
 	metrics *handlerMetrics
 	// overrides holds the runtime overrides (admin API) of the store.
-	overrides *overrideTable
-	// leases serves leased units in front of the Redis backend; nil
-	// without Redis or when no policy leases.
-	leases *limiter.LeaseStore
+	overrides *fleet.OverrideTable
 }
 
 // CaddyModule returns the Caddy module information.
@@ -188,11 +188,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := h.provisionRedis(); err != nil {
 			return err
 		}
-		h.overrides = h.backend.overrides.table
 	} else {
 		sweep := time.Duration(h.SweepInterval)
 		if sweep <= 0 {
-			sweep = time.Minute
+			sweep = limiter.DefaultSweepInterval
 		}
 		if h.store, h.storeKey, err = loadEmbeddedStore(sweep); err != nil {
 			return err
@@ -203,27 +202,37 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionRedis attaches the handler to the shared backend (client,
-// breaker, instance registry) of its Redis settings, and to the shared
-// fallback store of fail_mode local.
+// provisionRedis attaches the handler to the shared backend of its Redis
+// settings and builds its store stack on it.
 func (h *Handler) provisionRedis() error {
-	backend, key, err := loadRedisBackend(h.Redis)
+	backend, err := fleet.Acquire(h.Redis.backendOptions(h.logger))
 	if err != nil {
 		return fmt.Errorf("redis: %v", err)
 	}
-	h.backend, h.backendKey = backend, key
-	h.backendUser = backend.users.attach(h.logger, h.metrics != nil)
+	h.backend = backend
+	hooks := fleet.Hooks{Logger: h.logger}
+	if h.metrics != nil {
+		hooks.Observer = metricsObserver{}
+	}
+	h.attachment = backend.Attach(hooks)
 	fallback, fallbackKey, err := loadFallbackStore()
 	if err != nil {
 		return err
 	}
 	h.fallbackKey = fallbackKey
-	h.fallback = limiter.Fallback{Store: fallback, Scale: fallbackShare, Recorder: backend.recorder}
-	h.store = backend.store
-	h.provisionLeases()
+	opts := fleet.StackOptions{Fallback: fallback, Logger: h.logger}
+	for _, p := range h.policies {
+		opts.Lease = opts.Lease || p.policy.Lease.Enabled()
+	}
+	if h.metrics != nil {
+		opts.ObserveLease = observeLeaseUnits
+	}
+	h.stack = fleet.NewStack(backend, opts)
+	h.store = h.stack.Store()
+	h.overrides = backend.Overrides().Table()
 	if h.DenialsStream > 0 {
-		backend.denials.acquire(h.DenialsStream)
-		h.denials = backend.denials
+		h.denials = backend.Denials()
+		h.denials.Acquire(h.DenialsStream)
 	}
 	return nil
 }
@@ -284,37 +293,37 @@ func (h *Handler) Validate() error {
 	return h.validateConfig()
 }
 
-// Cleanup lets go of the shared store or Redis client; the last handler
-// to do so closes it. Every error is reported.
+// Cleanup lets go of the shared stores and backend; the last handler to
+// do so closes them. Every error is reported.
 func (h *Handler) Cleanup() error {
 	var errs []error
 	unregisterHandler(h)
 	if h.denials != nil {
-		h.denials.release(h.DenialsStream)
+		h.denials.Release(h.DenialsStream)
 		h.denials = nil
 	}
 	if h.storeKey != "" {
 		_, err := embeddedStores.Delete(h.storeKey)
 		errs = append(errs, err)
 	}
-	if h.leases != nil {
+	if h.stack != nil {
 		// Before the backend goes: the give-backs need its client.
-		errs = append(errs, h.leases.Close())
-		h.leases = nil
+		errs = append(errs, h.stack.Close())
+		h.stack = nil
 	}
-	if h.backendUser != nil {
-		h.backend.users.detach(h.backendUser)
-		h.backendUser = nil
+	if h.attachment != nil {
+		h.attachment.Detach()
+		h.attachment = nil
 	}
-	if h.backendKey != "" {
-		_, err := redisBackends.Delete(h.backendKey)
-		errs = append(errs, err)
+	if h.backend != nil {
+		errs = append(errs, h.backend.Release())
+		h.backend = nil
 	}
 	if h.fallbackKey != "" {
 		_, err := embeddedStores.Delete(h.fallbackKey)
 		errs = append(errs, err)
 	}
-	h.storeKey, h.backendKey, h.fallbackKey, h.store, h.backend = "", "", "", nil, nil
+	h.storeKey, h.fallbackKey, h.store = "", "", nil
 	h.cleanupMetrics()
 	return errors.Join(errs...)
 }
@@ -373,7 +382,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var err error
 	if h.Redis == nil {
 		err = d.Decide(r.Context(), h.store, st.items)
-	} else if err = d.DecideOrFallback(r.Context(), h.store, h.fallbackNow(), st.items); err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
+	} else if err = h.stack.Decide(r.Context(), d, st.items); err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
 		// The store failed and the fail modes decided: d is complete.
 		h.storeFailed(err)
 		err = nil
@@ -393,13 +402,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.release(r, d)
 	}
 	return next.ServeHTTP(w, r)
-}
-
-// fallbackNow is the fallback with the current share of the fleet.
-func (h *Handler) fallbackNow() limiter.Fallback {
-	fb := h.fallback
-	fb.Scale = h.backend.fallbackScale()
-	return fb
 }
 
 // release gives back concurrency slots. The request context may already be

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -253,6 +254,22 @@ func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, st *requestS
 		})
 	}
 	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded: policy %s", it.Policy.Name))
+}
+
+// recordDenial queues the stream entry of an enforced denial. Called on
+// the 429 path: a struct copy into a channel, no I/O.
+func (h *Handler) recordDenial(it *limiter.Item, v *limiter.Verdict, retryAfter int64) {
+	e := fleet.Denial{
+		TS:         time.Now().UnixMilli(),
+		Tenant:     loggable(it.Tenant),
+		Policy:     it.Policy.Name,
+		Limit:      v.Limit.Limit,
+		RetryAfter: retryAfter,
+	}
+	if h.LogKey {
+		e.Key = loggable(it.Part)
+	}
+	h.denials.Add(e)
 }
 
 var errMissingTenant = errors.New("rate limit: request has no tenant (missing_tenant deny)")

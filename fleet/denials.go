@@ -1,4 +1,4 @@
-package tollgate
+package fleet
 
 import (
 	"context"
@@ -7,14 +7,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-// The denial stream (DESIGN §2 denials_stream, §5 <prefix>:denials): every
+// The denial stream (denials_stream; the key <prefix>:denials): every
 // enforced 429 of a policy is appended to a Redis stream, so operators and
 // the admin API can see who was denied, by which policy, across the fleet.
 //
@@ -23,8 +22,8 @@ import (
 // prefix, hence one per stream key) and a single writer goroutine per
 // backend drains the buffer, sending up to denialBatchSize XADDs per
 // pipelined round trip. When the buffer is full the denial is dropped and
-// counted in caddy_rate_limit_denials_dropped_total{reason="buffer_full"};
-// batches that meet an open breaker or fail are dropped and counted too.
+// counted (Observer.DenialsDropped, reason "buffer_full"); batches that
+// meet an open breaker or fail are dropped and counted too.
 // The stream is an observability aid, never a source of truth.
 //
 // Handlers on one backend that ask for different maxlen values share the
@@ -59,6 +58,10 @@ const (
 	numDropReasons
 )
 
+// DropReasons are the reasons a denial can miss the stream, as reported to
+// Observer.DenialsDropped.
+var DropReasons = dropReasonNames[:]
+
 var dropReasonNames = [numDropReasons]string{
 	dropBufferFull:  "buffer_full",
 	dropBreakerOpen: "breaker_open",
@@ -66,27 +69,31 @@ var dropReasonNames = [numDropReasons]string{
 	dropShutdown:    "shutdown",
 }
 
-// denialEntry is one denial waiting for the writer: a plain value, copied
-// into the buffer on the deny path.
-type denialEntry struct {
-	ts         int64 // unix ms, gateway clock
-	tenant     string
-	policy     string
-	key        string // empty unless log_key
-	limit      int64
-	retryAfter int64 // seconds, as sent in Retry-After
+// Denial is one enforced 429, as written to the stream: a plain value,
+// copied into the buffer on the deny path.
+type Denial struct {
+	// TS is the time of the denial in Unix milliseconds (the gateway's
+	// clock).
+	TS int64
+	// Tenant and Policy say who was denied by what; Key is the partition
+	// (empty unless the operator asked for keys in logs).
+	Tenant, Policy, Key string
+	// Limit is the limit in force; RetryAfter the Retry-After sent, in
+	// seconds.
+	Limit, RetryAfter int64
 }
 
-// denialStream is the buffer and writer of one backend's stream.
-type denialStream struct {
+// DenialStream is the buffer and writer of one backend's stream.
+type DenialStream struct {
 	client   redis.UniversalClient
 	key      string // <prefix>:denials
 	instance string // the registry ID of this instance
 	timeout  time.Duration
 	breaker  *limiter.BreakerStore
 	logger   *zap.Logger
+	dropped  func(reason string, n int)
 
-	buf chan denialEntry
+	buf chan Denial
 	// closed is set when the writer stops; later denials are dropped
 	// (counted as shutdown) rather than left in a buffer nobody reads.
 	closed atomic.Bool
@@ -105,49 +112,61 @@ type denialStream struct {
 	closeOnce sync.Once
 }
 
-// denialsWriters counts running writer goroutines, for tests.
-var denialsWriters atomic.Int64
+// writers counts running writer goroutines, for tests.
+var writers atomic.Int64
 
-func newDenialStream(client redis.UniversalClient, prefix, instance string, timeout time.Duration,
-	breaker *limiter.BreakerStore, logger *zap.Logger) *denialStream {
-	if prefix == "" {
-		prefix = limiter.DefaultPrefix
-	}
+// Writers returns the number of running denial stream writers (for tests:
+// none must be left once every backend is released).
+func Writers() int64 { return writers.Load() }
+
+// denialStreamOptions configures newDenialStream.
+type denialStreamOptions struct {
+	client   redis.UniversalClient
+	prefix   string
+	instance string // the registry ID of this instance
+	timeout  time.Duration
+	breaker  *limiter.BreakerStore
+	logger   *zap.Logger
+	// dropped counts denials that did not reach the stream, by reason.
+	dropped func(reason string, n int)
+}
+
+func newDenialStream(o denialStreamOptions) *DenialStream {
 	life, endLife := context.WithCancel(context.Background())
-	return &denialStream{
+	return &DenialStream{
 		life:     life,
 		endLife:  endLife,
-		client:   client,
-		key:      prefix + ":denials",
-		instance: instance,
-		timeout:  timeout,
-		breaker:  breaker,
-		logger:   logger,
-		buf:      make(chan denialEntry, denialBufferSize),
+		client:   o.client,
+		key:      o.prefix + ":denials",
+		instance: o.instance,
+		timeout:  o.timeout,
+		breaker:  o.breaker,
+		logger:   o.logger,
+		dropped:  o.dropped,
+		buf:      make(chan Denial, denialBufferSize),
 		users:    make(map[int]int),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
 }
 
-// acquire registers a handler that wants the stream capped at maxlen and
-// starts the writer on first use. Undo it with release(maxlen).
-func (s *denialStream) acquire(maxlen int) {
+// Acquire registers a user that wants the stream capped at maxlen and
+// starts the writer on first use. Undo it with Release(maxlen).
+func (s *DenialStream) Acquire(maxlen int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.users[maxlen]++
 	s.updateMaxlen()
 	if !s.started && !s.closed.Load() {
 		s.started = true
-		dropCounters()
-		denialsWriters.Add(1)
+		writers.Add(1)
 		go s.run()
 	}
 }
 
-// release undoes one acquire. The writer keeps running until the backend
-// is destroyed, so buffered denials survive a reload.
-func (s *denialStream) release(maxlen int) {
+// Release undoes one Acquire. The writer keeps running until the backend
+// is released, so buffered denials survive a reload.
+func (s *DenialStream) Release(maxlen int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.users[maxlen]--; s.users[maxlen] <= 0 {
@@ -156,7 +175,7 @@ func (s *denialStream) release(maxlen int) {
 	s.updateMaxlen()
 }
 
-func (s *denialStream) updateMaxlen() {
+func (s *DenialStream) updateMaxlen() {
 	m := 0
 	for n := range s.users {
 		m = max(m, n)
@@ -166,24 +185,24 @@ func (s *denialStream) updateMaxlen() {
 	}
 }
 
-// add queues a denial without ever blocking: when the buffer is full the
-// denial is dropped and counted.
-func (s *denialStream) add(e denialEntry) {
+// Add queues a denial without ever blocking: when the buffer is full the
+// denial is dropped and counted. It costs a struct copy into a channel.
+func (s *DenialStream) Add(e Denial) {
 	if s.closed.Load() {
-		countDropped(dropShutdown, 1)
+		s.countDropped(dropShutdown, 1)
 		return
 	}
 	select {
 	case s.buf <- e:
 	default:
-		countDropped(dropBufferFull, 1)
+		s.countDropped(dropBufferFull, 1)
 	}
 }
 
 // close stops the writer after a last flush: it returns within about
 // denialFlushTimeout, whatever state Redis is in. Denials still buffered
 // then are dropped and counted. Safe to call more than once.
-func (s *denialStream) close() {
+func (s *DenialStream) close() {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		started := s.started
@@ -196,7 +215,7 @@ func (s *denialStream) close() {
 			timer.Stop()
 		}
 		s.endLife()
-		countDropped(dropShutdown, len(s.buf))
+		s.countDropped(dropShutdown, len(s.buf))
 		for len(s.buf) > 0 {
 			<-s.buf
 		}
@@ -205,12 +224,12 @@ func (s *denialStream) close() {
 
 // run is the writer: it takes whatever is buffered (up to a batch) as soon
 // as there is something, and writes it in one round trip.
-func (s *denialStream) run() {
+func (s *DenialStream) run() {
 	defer func() {
-		denialsWriters.Add(-1)
+		writers.Add(-1)
 		close(s.done)
 	}()
-	batch := make([]denialEntry, 0, denialBatchSize)
+	batch := make([]Denial, 0, denialBatchSize)
 	failing := false
 	for {
 		select {
@@ -236,7 +255,7 @@ func (s *denialStream) run() {
 }
 
 // fill adds buffered denials to batch, without waiting, up to a batch.
-func (s *denialStream) fill(batch []denialEntry) []denialEntry {
+func (s *DenialStream) fill(batch []Denial) []Denial {
 	for len(batch) < denialBatchSize {
 		select {
 		case e := <-s.buf:
@@ -250,14 +269,14 @@ func (s *denialStream) fill(batch []denialEntry) []denialEntry {
 
 // flush writes what is buffered when the writer stops, until life ends
 // (denialFlushTimeout after close began); the rest is dropped.
-func (s *denialStream) flush(batch []denialEntry) {
+func (s *DenialStream) flush(batch []Denial) {
 	for {
 		batch = s.fill(batch[:0])
 		if len(batch) == 0 {
 			return
 		}
 		if s.life.Err() != nil {
-			countDropped(dropShutdown, len(batch))
+			s.countDropped(dropShutdown, len(batch))
 			continue
 		}
 		ctx, cancel := context.WithTimeout(s.life, max(s.timeout, denialMinBatchTimeout))
@@ -269,9 +288,9 @@ func (s *denialStream) flush(batch []denialEntry) {
 // write sends batch as one pipeline of XADDs. Denials that were not
 // written are counted as dropped. The breaker is read, not fed: the
 // decisions' own calls tell it whether Redis is healthy.
-func (s *denialStream) write(ctx context.Context, batch []denialEntry) error {
+func (s *DenialStream) write(ctx context.Context, batch []Denial) error {
 	if s.breaker.Open() {
-		countDropped(dropBreakerOpen, len(batch))
+		s.countDropped(dropBreakerOpen, len(batch))
 		return nil
 	}
 	maxlen := s.maxlen.Load()
@@ -280,15 +299,15 @@ func (s *denialStream) write(ctx context.Context, batch []denialEntry) error {
 		e := &batch[i]
 		values := make([]any, 0, 14)
 		values = append(values,
-			"ts", strconv.FormatInt(e.ts, 10),
-			"tenant", e.tenant,
-			"policy", e.policy)
-		if e.key != "" {
-			values = append(values, "key", e.key)
+			"ts", strconv.FormatInt(e.TS, 10),
+			"tenant", e.Tenant,
+			"policy", e.Policy)
+		if e.Key != "" {
+			values = append(values, "key", e.Key)
 		}
 		values = append(values,
-			"limit", strconv.FormatInt(e.limit, 10),
-			"retry_after", strconv.FormatInt(e.retryAfter, 10),
+			"limit", strconv.FormatInt(e.Limit, 10),
+			"retry_after", strconv.FormatInt(e.RetryAfter, 10),
 			"instance", s.instance)
 		pipe.XAdd(ctx, &redis.XAddArgs{
 			Stream: s.key,
@@ -311,52 +330,35 @@ func (s *denialStream) write(ctx context.Context, batch []denialEntry) error {
 	if len(cmds) == 0 {
 		failed = len(batch)
 	}
-	countDropped(dropError, failed)
+	s.countDropped(dropError, failed)
 	return err
 }
 
-// recordDenial queues the stream entry of an enforced denial. Called on
-// the 429 path: a struct copy into a channel, no I/O.
-func (h *Handler) recordDenial(it *limiter.Item, v *limiter.Verdict, retryAfter int64) {
-	e := denialEntry{
-		ts:         time.Now().UnixMilli(),
-		tenant:     loggable(it.Tenant),
-		policy:     it.Policy.Name,
-		limit:      v.Limit.Limit,
-		retryAfter: retryAfter,
-	}
-	if h.LogKey {
-		e.key = loggable(it.Part)
-	}
-	h.denials.add(e)
-}
-
-// dropCounters are the children of caddy_rate_limit_denials_dropped_total,
-// resolved when the first writer starts, so the series exist (at 0) only
-// where the stream is used.
-var dropCounters = sync.OnceValue(func() (c [numDropReasons]prometheus.Counter) {
-	for i, r := range dropReasonNames {
-		c[i] = collectors.denialsDropped.WithLabelValues(r)
-	}
-	return c
-})
-
-// countDropped counts n denials that did not reach the stream.
-func countDropped(reason dropReason, n int) {
-	if n > 0 {
-		dropCounters()[reason].Add(float64(n))
+// countDropped reports n denials that did not reach the stream.
+func (s *DenialStream) countDropped(reason dropReason, n int) {
+	if n > 0 && s.dropped != nil {
+		s.dropped(dropReasonNames[reason], n)
 	}
 }
 
-// recentDenials returns up to n entries of tenant (as stored, i.e. cut
-// like in logs) from the backend's denial stream, newest first, scanning
-// at most maxDenialsScanned entries.
-func (b *redisBackend) recentDenials(ctx context.Context, tenant string, n int) ([]map[string]any, error) {
-	key, client := b.denials.key, b.denials.client
+// MaxLen is the MAXLEN the writer trims with: the largest any user asked
+// for.
+func (s *DenialStream) MaxLen() int64 { return s.maxlen.Load() }
+
+// Key is the stream's key, <prefix>:denials.
+func (s *DenialStream) Key() string { return s.key }
+
+// recentPage is how many entries Recent reads per round trip.
+const recentPage = 1000
+
+// Recent returns up to n entries of tenant (as stored) from the stream,
+// newest first, each with its stream id as "id", reading at most
+// maxScanned entries.
+func (s *DenialStream) Recent(ctx context.Context, tenant string, n, maxScanned int) ([]map[string]any, error) {
 	var out []map[string]any
 	end := "+"
-	for scanned := 0; scanned < maxDenialsScanned && len(out) < n; {
-		page, err := client.XRevRangeN(ctx, key, end, "-", 1000).Result()
+	for scanned := 0; scanned < maxScanned && len(out) < n; {
+		page, err := s.client.XRevRangeN(ctx, s.key, end, "-", recentPage).Result()
 		if err != nil {
 			return nil, err
 		}
@@ -373,7 +375,7 @@ func (b *redisBackend) recentDenials(ctx context.Context, tenant string, n int) 
 			}
 		}
 		scanned += len(page)
-		if len(page) < 1000 {
+		if len(page) < recentPage {
 			break
 		}
 		// Continue below the oldest entry of this page.

@@ -1,25 +1,30 @@
-package tollgate
+package fleet
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-// runtimeOverride is a limit set through the admin API for one (tenant,
-// policy). It wins over every limit of the config.
-type runtimeOverride struct {
+// Override is a runtime override: a limit set at runtime (through Caddy's
+// admin API) for one (tenant, policy). It wins over every limit of the
+// config. Its JSON form is the admin API's and the one stored in Redis:
+// window a duration, expires an RFC 3339 time.
+type Override struct {
 	Tenant    string        `json:"tenant"`
 	Policy    string        `json:"policy"`
 	MaxEvents int64         `json:"max_events,omitempty"`
@@ -31,9 +36,10 @@ type runtimeOverride struct {
 	Expires time.Time `json:"-"`
 }
 
-// overrideJSON is the wire form of a runtimeOverride, in the admin API
-// and in Redis: window is a duration string, expires RFC 3339.
-type overrideJSON struct {
+// overrideWire is the wire form of an Override, in the admin API and in
+// Redis: window is a duration (a string, or nanoseconds on input), expires
+// an RFC 3339 time (or, on input, a duration from now).
+type overrideWire struct {
 	Tenant    string       `json:"tenant"`
 	Policy    string       `json:"policy"`
 	MaxEvents int64        `json:"max_events,omitempty"`
@@ -44,8 +50,8 @@ type overrideJSON struct {
 	Expires   flexDuration `json:"expires,omitempty"`
 }
 
-func (o runtimeOverride) MarshalJSON() ([]byte, error) {
-	j := overrideJSON{Tenant: o.Tenant, Policy: o.Policy, MaxEvents: o.MaxEvents, Burst: o.Burst, Unlimited: o.Unlimited, Shadow: o.Shadow}
+func (o Override) MarshalJSON() ([]byte, error) {
+	j := overrideWire{Tenant: o.Tenant, Policy: o.Policy, MaxEvents: o.MaxEvents, Burst: o.Burst, Unlimited: o.Unlimited, Shadow: o.Shadow}
 	if o.Window > 0 {
 		j.Window = flexDuration(o.Window.String())
 	}
@@ -55,8 +61,8 @@ func (o runtimeOverride) MarshalJSON() ([]byte, error) {
 	return json.Marshal(j)
 }
 
-func (o *runtimeOverride) UnmarshalJSON(b []byte) error {
-	var j overrideJSON
+func (o *Override) UnmarshalJSON(b []byte) error {
+	var j overrideWire
 	if err := json.Unmarshal(b, &j); err != nil {
 		return err
 	}
@@ -90,9 +96,26 @@ func (f *flexDuration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// DecodeOverride reads an override from the admin API's JSON, refusing
+// unknown fields and values outside the numeric domain; an expires that is
+// a duration counts from now. It does not check that the override suits
+// its policy (see Override.Limit and limiter.Policy.ValidateLimit).
+func DecodeOverride(body []byte, now time.Time) (Override, error) {
+	var j overrideWire
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return Override{}, fmt.Errorf("malformed JSON: %w", err)
+	}
+	if j.Tenant == "" || j.Policy == "" {
+		return Override{}, errors.New("tenant and policy are required")
+	}
+	return j.parse(now)
+}
+
 // parse checks the wire form; an expires that is a duration counts from now.
-func (j overrideJSON) parse(now time.Time) (runtimeOverride, error) {
-	o := runtimeOverride{Tenant: j.Tenant, Policy: j.Policy, MaxEvents: j.MaxEvents, Burst: j.Burst, Unlimited: j.Unlimited, Shadow: j.Shadow}
+func (j overrideWire) parse(now time.Time) (Override, error) {
+	o := Override{Tenant: j.Tenant, Policy: j.Policy, MaxEvents: j.MaxEvents, Burst: j.Burst, Unlimited: j.Unlimited, Shadow: j.Shadow}
 	if o.MaxEvents != 0 || !o.Unlimited {
 		if err := limiter.CheckCount(o.MaxEvents, 1); err != nil {
 			return o, fmt.Errorf("max_events: %w", err)
@@ -102,7 +125,7 @@ func (j overrideJSON) parse(now time.Time) (runtimeOverride, error) {
 		return o, fmt.Errorf("burst: %w", err)
 	}
 	if j.Window != "" {
-		d, err := caddy.ParseDuration(string(j.Window))
+		d, err := parseDuration(string(j.Window))
 		if err != nil {
 			return o, fmt.Errorf("window: %q: want a duration such as 90s, 1m or 1d", j.Window)
 		}
@@ -114,7 +137,7 @@ func (j overrideJSON) parse(now time.Time) (runtimeOverride, error) {
 	if j.Expires != "" {
 		if t, err := time.Parse(time.RFC3339, string(j.Expires)); err == nil {
 			o.Expires = t
-		} else if d, err := caddy.ParseDuration(string(j.Expires)); err == nil && d > 0 {
+		} else if d, err := parseDuration(string(j.Expires)); err == nil && d > 0 {
 			o.Expires = now.Add(d)
 		} else {
 			return o, fmt.Errorf("expires: %q: want an RFC 3339 time or a positive duration such as 2h or 1d", j.Expires)
@@ -123,10 +146,10 @@ func (j overrideJSON) parse(now time.Time) (runtimeOverride, error) {
 	return o, nil
 }
 
-// limit converts o into a limit of p: the window defaults to the
+// Limit converts o into a limit of p: the window defaults to the
 // policy's, min_interval is the policy's, and it is shadow when it or the
 // policy is.
-func (o *runtimeOverride) limit(p *limiter.Policy) limiter.Limit {
+func (o *Override) Limit(p *limiter.Policy) limiter.Limit {
 	l := limiter.Limit{Unlimited: o.Unlimited, Shadow: o.Shadow || p.Limit.Shadow}
 	if !o.Unlimited {
 		l.Rate = limiter.Rate{Limit: o.MaxEvents, Window: o.Window, Burst: o.Burst, MinInterval: p.Limit.MinInterval}
@@ -137,85 +160,74 @@ func (o *runtimeOverride) limit(p *limiter.Policy) limiter.Limit {
 	return l
 }
 
-func (o *runtimeOverride) expired(now time.Time) bool {
+// Expired reports whether o no longer applies at now.
+func (o *Override) Expired(now time.Time) bool {
 	return !o.Expires.IsZero() && !now.Before(o.Expires)
 }
 
 type overrideKey struct{ tenant, policy string }
 
-// overrideTable is the in-process view of the runtime overrides. Reads
+// OverrideTable is the in-process view of runtime overrides. Reads
 // (every request) are one atomic load and a map lookup; writes copy the
-// map.
-type overrideTable struct {
+// map. It implements limiter.OverrideLookup.
+type OverrideTable struct {
 	mu sync.Mutex // serializes writers
-	m  atomic.Pointer[map[overrideKey]runtimeOverride]
+	m  atomic.Pointer[map[overrideKey]Override]
 	// gen counts local writes, so a reload that read Redis before a
 	// local write does not put the old value back.
 	gen atomic.Uint64
 }
 
-func newOverrideTable() *overrideTable {
-	t := new(overrideTable)
-	m := map[overrideKey]runtimeOverride{}
+func NewOverrideTable() *OverrideTable {
+	t := new(OverrideTable)
+	m := map[overrideKey]Override{}
 	t.m.Store(&m)
 	return t
 }
 
 // Lookup implements limiter.OverrideLookup.
-func (t *overrideTable) Lookup(p *limiter.Policy, tenant string) (limiter.Limit, bool) {
+func (t *OverrideTable) Lookup(p *limiter.Policy, tenant string) (limiter.Limit, bool) {
 	m := *t.m.Load()
 	if len(m) == 0 {
 		return limiter.Limit{}, false
 	}
 	o, ok := m[overrideKey{tenant, p.Name}]
-	if !ok || o.expired(time.Now()) {
+	if !ok || o.Expired(time.Now()) {
 		return limiter.Limit{}, false
 	}
-	return o.limit(p), true
+	return o.Limit(p), true
 }
 
-// get returns the live override of (tenant, policy).
-func (t *overrideTable) get(tenant, policy string) (runtimeOverride, bool) {
-	o, ok := (*t.m.Load())[overrideKey{tenant, policy}]
-	if !ok || o.expired(time.Now()) {
-		return runtimeOverride{}, false
-	}
-	return o, true
-}
-
-// list returns the live overrides, of tenant only when it is not empty.
-func (t *overrideTable) list(tenant string) []runtimeOverride {
+// List returns the live overrides, of tenant only when it is not empty,
+// sorted by tenant and policy.
+func (t *OverrideTable) List(tenant string) []Override {
 	now := time.Now()
-	out := []runtimeOverride{}
+	out := []Override{}
 	for k, o := range *t.m.Load() {
-		if (tenant == "" || k.tenant == tenant) && !o.expired(now) {
+		if (tenant == "" || k.tenant == tenant) && !o.Expired(now) {
 			out = append(out, o)
 		}
 	}
-	sortOverrides(out)
+	SortOverrides(out)
 	return out
 }
 
-func sortOverrides(s []runtimeOverride) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && (s[j].Tenant < s[j-1].Tenant || s[j].Tenant == s[j-1].Tenant && s[j].Policy < s[j-1].Policy); j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
+// SortOverrides sorts overrides by tenant, then policy.
+func SortOverrides(s []Override) {
+	slices.SortFunc(s, func(a, b Override) int {
+		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Policy, b.Policy))
+	})
 }
 
-// set stores o (or removes (tenant, policy) when o is nil) and returns
-// the previous value.
-func (t *overrideTable) set(tenant, policy string, o *runtimeOverride) (old runtimeOverride, had bool) {
+// Set stores o (or removes (tenant, policy) when o is nil) and returns
+// the previous value and whether it was live.
+func (t *OverrideTable) Set(tenant, policy string, o *Override) (old Override, had bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cur := *t.m.Load()
 	k := overrideKey{tenant, policy}
 	old, had = cur[k]
-	next := make(map[overrideKey]runtimeOverride, len(cur)+1)
-	for kk, v := range cur {
-		next[kk] = v
-	}
+	next := maps.Clone(cur)
 	if o == nil {
 		delete(next, k)
 	} else {
@@ -223,19 +235,19 @@ func (t *overrideTable) set(tenant, policy string, o *runtimeOverride) (old runt
 	}
 	t.m.Store(&next)
 	t.gen.Add(1)
-	return old, had
+	return old, had && !old.Expired(time.Now())
 }
 
 // replace swaps in a whole new set of overrides (a reload from Redis
 // that started at generation gen) and reports whether it did: it does
 // nothing when a local write happened since, as the reload may predate it.
-func (t *overrideTable) replace(all []runtimeOverride, gen uint64) bool {
+func (t *OverrideTable) replace(all []Override, gen uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.gen.Load() != gen {
 		return false
 	}
-	next := make(map[overrideKey]runtimeOverride, len(all))
+	next := make(map[overrideKey]Override, len(all))
 	for _, o := range all {
 		next[overrideKey{o.Tenant, o.Policy}] = o
 	}
@@ -243,11 +255,7 @@ func (t *overrideTable) replace(all []runtimeOverride, gen uint64) bool {
 	return true
 }
 
-// memoryOverrides holds the runtime overrides of handlers on the embedded
-// store: process-wide, lost on restart.
-var memoryOverrides = newOverrideTable()
-
-// redisOverrides keeps a backend's override table in sync with Redis.
+// OverrideSync keeps a Backend's OverrideTable in sync with Redis.
 //
 // Keys (prefix "rl" by default):
 //
@@ -282,11 +290,11 @@ var memoryOverrides = newOverrideTable()
 // when something changed, costs one SMEMBERS and one HGETALL per tenant
 // with overrides, in one pipelined round trip (per node in a Cluster),
 // plus a few commands to drop the overrides found expired.
-type redisOverrides struct {
+type OverrideSync struct {
 	client  redis.UniversalClient
 	prefix  string
 	timeout time.Duration
-	table   *overrideTable
+	table   *OverrideTable
 	logger  *zap.Logger
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -312,39 +320,49 @@ const overrideRefresh = time.Second
 // keeps failing.
 const overrideWarnEvery = 10 * time.Second
 
-func newRedisOverrides(client redis.UniversalClient, prefix string, timeout time.Duration, logger *zap.Logger, id string, onReset func(tenant, policy string)) *redisOverrides {
-	if timeout <= 0 {
-		timeout = 100 * time.Millisecond
-	}
-	if prefix == "" {
-		prefix = limiter.DefaultPrefix
-	}
+// overrideSyncOptions configures newOverrideSync.
+type overrideSyncOptions struct {
+	client  redis.UniversalClient
+	prefix  string
+	timeout time.Duration
+	logger  *zap.Logger
+	// id is this instance's registry ID; onReset hears about resets that
+	// other instances published (see publishReset).
+	id      string
+	onReset func(tenant, policy string)
+}
+
+func newOverrideSync(o overrideSyncOptions) *OverrideSync {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &redisOverrides{client: client, prefix: prefix, timeout: timeout, table: newOverrideTable(), logger: logger, cancel: cancel, done: make(chan struct{}), id: id, onReset: onReset}
+	r := &OverrideSync{client: o.client, prefix: o.prefix, timeout: o.timeout, table: NewOverrideTable(), logger: o.logger,
+		cancel: cancel, done: make(chan struct{}), id: o.id, onReset: o.onReset}
 	go r.run(ctx)
 	return r
 }
 
-func (r *redisOverrides) close() {
+// Table is the in-process view, read on every request.
+func (r *OverrideSync) Table() *OverrideTable { return r.table }
+
+func (r *OverrideSync) close() {
 	r.cancel()
 	<-r.done
 }
 
-func (r *redisOverrides) channel() string { return r.prefix + ":events" }
+func (r *OverrideSync) channel() string { return r.prefix + ":events" }
 
 // indexKey is the set of the tags of tenants that have an override hash.
-func (r *redisOverrides) indexKey() string { return r.prefix + ":ovr-index" }
+func (r *OverrideSync) indexKey() string { return r.prefix + ":ovr-index" }
 
 // versionKey is the counter every override change increments.
-func (r *redisOverrides) versionKey() string { return r.prefix + ":ovr-version" }
+func (r *OverrideSync) versionKey() string { return r.prefix + ":ovr-version" }
 
 // overrideTag is tenant as it appears in keys, and in the index.
 func overrideTag(tenant string) string { return string(limiter.AppendEscaped(nil, tenant)) }
 
 // tagKey is the override hash of the tenant whose tag is tag.
-func (r *redisOverrides) tagKey(tag string) string { return r.prefix + ":ovr:{" + tag + "}" }
+func (r *OverrideSync) tagKey(tag string) string { return r.prefix + ":ovr:{" + tag + "}" }
 
-func (r *redisOverrides) run(ctx context.Context) {
+func (r *OverrideSync) run(ctx context.Context) {
 	defer close(r.done)
 	sub := r.client.Subscribe(ctx, r.channel())
 	defer sub.Close()
@@ -387,7 +405,7 @@ func (r *redisOverrides) run(ctx context.Context) {
 // handle acts on one pub/sub event and reports whether the table must be
 // reloaded: after an override change, and after a (re)subscription, as
 // the changes published while the connection was down are lost.
-func (r *redisOverrides) handle(m any) bool {
+func (r *OverrideSync) handle(m any) bool {
 	switch m := m.(type) {
 	case *redis.Subscription:
 		return m.Kind == "subscribe"
@@ -405,7 +423,7 @@ func (r *redisOverrides) handle(m any) bool {
 
 // poll reads the version and reloads when it is not the one the table was
 // loaded at.
-func (r *redisOverrides) poll(ctx context.Context) {
+func (r *OverrideSync) poll(ctx context.Context) {
 	if !r.loaded {
 		r.reload(ctx, nil)
 		return
@@ -422,7 +440,7 @@ func (r *redisOverrides) poll(ctx context.Context) {
 	r.reload(ctx, &v)
 }
 
-func (r *redisOverrides) readVersion(ctx context.Context) (string, error) {
+func (r *OverrideSync) readVersion(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*r.timeout)
 	defer cancel()
 	v, err := r.client.Get(ctx, r.versionKey()).Result()
@@ -434,7 +452,7 @@ func (r *redisOverrides) readVersion(ctx context.Context) (string, error) {
 
 // reload replaces the table with what Redis holds. version, when set, was
 // read just before (by poll). On error the table is kept.
-func (r *redisOverrides) reload(ctx context.Context, version *string) {
+func (r *OverrideSync) reload(ctx context.Context, version *string) {
 	gen := r.table.gen.Load()
 	v := ""
 	if version != nil {
@@ -465,7 +483,7 @@ type staleOverride struct{ tag, field, value string }
 
 // readAll reads the index, then every indexed hash in one pipeline. It
 // returns the live overrides and what should be dropped from Redis.
-func (r *redisOverrides) readAll(ctx context.Context) (all []runtimeOverride, stale []staleOverride, err error) {
+func (r *OverrideSync) readAll(ctx context.Context) (all []Override, stale []staleOverride, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*r.timeout)
 	defer cancel()
 	tags, err := r.client.SMembers(ctx, r.indexKey()).Result()
@@ -497,11 +515,11 @@ func (r *redisOverrides) readAll(ctx context.Context) (all []runtimeOverride, st
 			continue
 		}
 		for field, v := range fields {
-			var o runtimeOverride
+			var o Override
 			if json.Unmarshal([]byte(v), &o) != nil {
 				continue
 			}
-			if o.expired(now) {
+			if o.Expired(now) {
 				stale = append(stale, staleOverride{tags[i], field, v})
 				continue
 			}
@@ -523,7 +541,7 @@ return 0`)
 // dropStale deletes expired overrides from Redis (any instance may) and
 // takes tenants whose hash is empty out of the index. The other instances
 // need not reload: they ignore expired overrides already.
-func (r *redisOverrides) dropStale(ctx context.Context, stale []staleOverride) {
+func (r *OverrideSync) dropStale(ctx context.Context, stale []staleOverride) {
 	if len(stale) == 0 {
 		return
 	}
@@ -554,7 +572,7 @@ func (r *redisOverrides) dropStale(ctx context.Context, stale []staleOverride) {
 // (the two keys may live on different Cluster nodes). readded reports
 // that the tag was put back: a reload elsewhere may have read the index
 // without it meanwhile, so the caller must bump the version.
-func (r *redisOverrides) unindexIfEmpty(ctx context.Context, tag string) (readded bool, err error) {
+func (r *OverrideSync) unindexIfEmpty(ctx context.Context, tag string) (readded bool, err error) {
 	key := r.tagKey(tag)
 	if n, err := r.client.HLen(ctx, key).Result(); err != nil || n > 0 {
 		return false, err
@@ -576,7 +594,7 @@ func (r *redisOverrides) unindexIfEmpty(ctx context.Context, tag string) (readde
 
 // failed notes a failed poll or reload: a WARN at the first failure, then
 // at most one per overrideWarnEvery while Redis keeps failing.
-func (r *redisOverrides) failed(ctx context.Context, err error) {
+func (r *OverrideSync) failed(ctx context.Context, err error) {
 	if ctx.Err() != nil {
 		return // shutting down
 	}
@@ -589,17 +607,18 @@ func (r *redisOverrides) failed(ctx context.Context, err error) {
 }
 
 // succeeded notes a successful poll or reload: one INFO after failures.
-func (r *redisOverrides) succeeded() {
+func (r *OverrideSync) succeeded() {
 	if r.failures > 0 {
 		r.logger.Info("runtime overrides: reading them from Redis works again", zap.Int("failures", r.failures))
 		r.failures = 0
 	}
 }
 
-// store writes (or deletes, o nil) the override in Redis, then bumps the
-// version, publishes the change and appends it to the audit stream. The
-// local table is updated at once.
-func (r *redisOverrides) store(ctx context.Context, tenant, policy string, o *runtimeOverride, remote string) (old runtimeOverride, had bool, err error) {
+// Store writes (or deletes, o nil) the override in Redis, then bumps the
+// version, publishes the change and appends it to the audit stream (remote
+// names who asked). The local table is updated at once. It returns the
+// previous override and whether it was live.
+func (r *OverrideSync) Store(ctx context.Context, tenant, policy string, o *Override, remote string) (old Override, had bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*r.timeout)
 	defer cancel()
 	tag := overrideTag(tenant)
@@ -609,7 +628,7 @@ func (r *redisOverrides) store(ctx context.Context, tenant, policy string, o *ru
 		return old, false, err
 	}
 	if prev != "" && json.Unmarshal([]byte(prev), &old) == nil {
-		had = !old.expired(time.Now())
+		had = !old.Expired(time.Now())
 	}
 	action := "delete"
 	newJSON := ""
@@ -633,7 +652,7 @@ func (r *redisOverrides) store(ctx context.Context, tenant, policy string, o *ru
 			return old, had, err
 		}
 	}
-	r.table.set(tenant, policy, o)
+	r.table.Set(tenant, policy, o)
 	// After the writes' replies, so an instance that sees the new version
 	// reads the new value.
 	if err := r.client.Incr(ctx, r.versionKey()).Err(); err != nil {
@@ -651,7 +670,7 @@ const auditMaxLen = 10000
 
 // audit appends one change to <prefix>:audit. A failure is logged: the
 // change itself has been made.
-func (r *redisOverrides) audit(ctx context.Context, action, tenant, policy, old, new, remote string) {
+func (r *OverrideSync) audit(ctx context.Context, action, tenant, policy, old, new, remote string) {
 	err := r.client.XAdd(ctx, &redis.XAddArgs{
 		Stream: r.prefix + ":audit",
 		MaxLen: auditMaxLen,
@@ -674,7 +693,7 @@ const resetNotice = "reset\x00"
 
 // publishReset tells the other instances that tenant (policy, when set)
 // was reset, so they drop their leases and cached denials of it.
-func (r *redisOverrides) publishReset(ctx context.Context, tenant, policy string) {
+func (r *OverrideSync) publishReset(ctx context.Context, tenant, policy string) {
 	msg := resetNotice + r.id + "\x00" + tenant + "\x00" + policy
 	if err := r.client.Publish(ctx, r.channel(), msg).Err(); err != nil {
 		r.logger.Warn("publishing a reset to the other instances", zap.Error(err))

@@ -5,6 +5,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -42,11 +43,6 @@ func loadEmbeddedStore(sweep time.Duration) (limiter.Store, string, error) {
 // never mix with real ones.
 const fallbackStoreKey = "memory/fallback"
 
-// fallbackShare is the share of each limit an instance grants on its own
-// while Redis fails: 70%, divided by the live instances once the instance
-// registry lands (until then this instance counts as alone).
-const fallbackShare = 0.7
-
 // loadFallbackStore returns the shared fallback store. Release it with
 // embeddedStores.Delete(key).
 func loadFallbackStore() (limiter.Store, string, error) {
@@ -58,3 +54,7 @@ func loadFallbackStore() (limiter.Store, string, error) {
 	}
 	return v.(embeddedStore).MemoryStore, fallbackStoreKey, nil
 }
+
+// memoryOverrides holds the runtime overrides of handlers on the embedded
+// store: process-wide, lost on restart.
+var memoryOverrides = fleet.NewOverrideTable()
