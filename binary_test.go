@@ -22,6 +22,9 @@ var (
 // caddyBinary builds ./cmd/caddy once per test run, as a user would.
 func caddyBinary(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs cmd/caddy; skipped with -short")
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "tollgate-bin-")
 		if err != nil {

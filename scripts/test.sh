@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Runs every Tollgate test: formatting, vet, and `go test -race` over all
-# packages (unit, fuzz seed corpora, Caddy end-to-end, built binary).
+# Runs every Tollgate test: formatting, vet, staticcheck (a pinned version,
+# through the Go module proxy) and `go test -race` over all packages (unit,
+# fuzz seed corpora, Caddy end-to-end, built binary). The fast tier without
+# Redis is `go test -short ./...`.
 # Installs what the tests need when it is missing (redis-server and
 # redis-cli from Debian packages; needs root or sudo).
 set -euo pipefail
@@ -26,6 +28,7 @@ if [ -n "$unformatted" ]; then
 	exit 1
 fi
 go vet ./...
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 # -p 1: one package at a time, so the latency bounds of the fault-injection
 # tests are not measured while another package saturates the 2 cores.
 go test -race -count=1 -p 1 -timeout 30m "$@" ./...

@@ -78,6 +78,7 @@ func StartCluster(t testing.TB, masters, replicasPerMaster int) *Cluster {
 	defer cancel()
 	probe := redis.NewClient(nodes[0].ClientOptions())
 	defer probe.Close()
+	//lint:ignore SA1019 go-redis itself reads the topology from CLUSTER SLOTS (Redis 7.0 has both)
 	slots, err := probe.ClusterSlots(ctx).Result()
 	if err != nil {
 		t.Fatalf("redistest: CLUSTER SLOTS: %v", err)
@@ -213,6 +214,7 @@ func (c *Cluster) WaitOK(t testing.TB) {
 				}
 			}
 			// Clients learn the topology from CLUSTER SLOTS.
+			//lint:ignore SA1019 go-redis itself reads the topology from CLUSTER SLOTS (Redis 7.0 has both)
 			slots, err := cl.ClusterSlots(ctx).Result()
 			if err != nil {
 				return fmt.Errorf("%s: CLUSTER SLOTS: %v", s.Addr, err)

@@ -49,9 +49,13 @@ const (
 )
 
 // RequireBinaries fails the test (it does not skip it) when redis-server or
-// redis-cli is not on PATH.
+// redis-cli is not on PATH. With go test -short it skips the test instead:
+// the fast tier runs without Redis.
 func RequireBinaries(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("redistest: needs real redis-server processes; skipped with -short")
+	}
 	for _, bin := range []string{"redis-server", "redis-cli"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Fatalf("redistest: %s not found on PATH (%v); run ./scripts/test.sh, which installs redis-server and redis-tools", bin, err)

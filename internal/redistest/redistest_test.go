@@ -198,6 +198,7 @@ func TestCluster(t *testing.T) {
 		}
 	}
 	// Every slot is covered by exactly one range.
+	//lint:ignore SA1019 go-redis itself reads the topology from CLUSTER SLOTS (Redis 7.0 has both)
 	slots, err := c.Masters[0].Client(t).ClusterSlots(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
@@ -336,6 +337,7 @@ func TestPauseResume(t *testing.T) {
 }
 
 func TestPausedServerIsCleanedUp(t *testing.T) {
+	RequireBinaries(t)
 	t.Parallel()
 	var pid int
 	t.Run("inner", func(t *testing.T) {
