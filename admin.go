@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -60,37 +59,6 @@ func locked(f caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
 }
 
 var _ caddy.AdminRouter = adminAPI{}
-
-// handlers is every provisioned rate_limit handler, in provisioning order.
-// During a reload the old and the new config's handlers are both present
-// until the old ones are cleaned up.
-var (
-	handlersMu sync.RWMutex
-	handlers   []*Handler
-)
-
-func registerHandler(h *Handler) {
-	handlersMu.Lock()
-	defer handlersMu.Unlock()
-	handlers = append(handlers, h)
-}
-
-func unregisterHandler(h *Handler) {
-	handlersMu.Lock()
-	defer handlersMu.Unlock()
-	for i, x := range handlers {
-		if x == h {
-			handlers = append(handlers[:i], handlers[i+1:]...)
-			return
-		}
-	}
-}
-
-// liveHandlers returns the registered handlers; call it under
-// handlersMu.RLock (the routes do, see locked).
-func liveHandlers() []*Handler {
-	return handlers
-}
 
 func apiError(code int, format string, args ...any) error {
 	err := fmt.Errorf(format, args...)

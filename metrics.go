@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/internal/topk"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -452,7 +453,7 @@ var tenantTrackers = caddy.NewUsagePool()
 // out of the top n loses its series.
 type tenantTracker struct {
 	policies []string
-	top      *topK[tenantSeries]
+	top      *topk.TopK[tenantSeries]
 	// other holds the _other children per policy, resolved on first use;
 	// guarded by top's lock.
 	other [][numDecisions]prometheus.Counter
@@ -480,7 +481,7 @@ func newTenantTracker(n int, policies []string) *tenantTracker {
 		policies: append([]string(nil), policies...),
 		other:    make([][numDecisions]prometheus.Counter, len(policies)),
 	}
-	t.top = newTopK(n, 4*n+128, t.release)
+	t.top = topk.New(n, 4*n+128, t.release)
 	return t
 }
 
@@ -488,7 +489,7 @@ func newTenantTracker(n int, policies []string) *tenantTracker {
 // counted in, and counts the tenant's traffic towards the top n.
 func (t *tenantTracker) counter(policy int, tenant string, d decision) prometheus.Counter {
 	var c prometheus.Counter
-	t.top.observe(tenantLabel(tenant), func(key string, s *tenantSeries) {
+	t.top.Observe(tenantLabel(tenant), func(key string, s *tenantSeries) {
 		if s == nil {
 			cell := &t.other[policy][d]
 			if *cell == nil {
@@ -525,9 +526,13 @@ func (t *tenantTracker) release(tenant string, s *tenantSeries) {
 // Destruct implements caddy.Destructor: the last handler is gone, its
 // tenant series go too.
 func (t *tenantTracker) Destruct() error {
-	t.top.reset()
-	t.top.mu.Lock()
-	defer t.top.mu.Unlock()
+	t.top.Reset()
+	t.top.WithLock(func() { t.releaseOther() })
+	return nil
+}
+
+// releaseOther deletes the _other series; with the top-k's lock held.
+func (t *tenantTracker) releaseOther() {
 	for p := range t.other {
 		for d := range t.other[p] {
 			if t.other[p][d] != nil {
@@ -536,7 +541,6 @@ func (t *tenantTracker) Destruct() error {
 			}
 		}
 	}
-	return nil
 }
 
 // tenantSeriesRefs counts the trackers using each tenant series: trackers

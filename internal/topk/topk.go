@@ -1,4 +1,7 @@
-package tollgate
+// Package topk finds the heaviest keys of a stream in bounded memory
+// (space-saving), and keeps the n heaviest as members with a value each:
+// Tollgate's per-tenant metric series follow the busiest tenants with it.
+package topk
 
 import (
 	"cmp"
@@ -7,7 +10,7 @@ import (
 	"sync"
 )
 
-// topK finds the heaviest keys of a stream in O(capacity) memory with the
+// TopK finds the heaviest keys of a stream in O(capacity) memory with the
 // space-saving algorithm (Metwally, Agrawal, El Abbadi 2005): it counts at
 // most capacity keys, and a key it does not count replaces the one with
 // the smallest count, inheriting that count as its possible
@@ -24,7 +27,7 @@ import (
 // stops being one; its value is then reset.
 //
 // It is safe for concurrent use.
-type topK[V any] struct {
+type TopK[V any] struct {
 	mu        sync.Mutex
 	n         int
 	capacity  int
@@ -49,11 +52,11 @@ type topEntry[V any] struct {
 	val    V
 }
 
-// newTopK returns a top-k with n member places counting at most capacity
+// New returns a top-k with n member places counting at most capacity
 // keys (at least n+1).
-func newTopK[V any](n, capacity int, release func(key string, v *V)) *topK[V] {
+func New[V any](n, capacity int, release func(key string, v *V)) *TopK[V] {
 	capacity = max(capacity, n+1)
-	return &topK[V]{
+	return &TopK[V]{
 		n:         n,
 		capacity:  capacity,
 		rebalance: max(4*capacity, 1024),
@@ -63,10 +66,10 @@ func newTopK[V any](n, capacity int, release func(key string, v *V)) *topK[V] {
 	}
 }
 
-// observe counts one occurrence of key and calls visit, under the lock,
+// Observe counts one occurrence of key and calls visit, under the lock,
 // with the key as stored and the member's value, or nil when key is not a
 // member. visit must not keep v.
-func (t *topK[V]) observe(key string, visit func(key string, v *V)) {
+func (t *TopK[V]) Observe(key string, visit func(key string, v *V)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entries[key]
@@ -92,7 +95,7 @@ func (t *topK[V]) observe(key string, visit func(key string, v *V)) {
 }
 
 // insert starts counting key, evicting the smallest non-member when full.
-func (t *topK[V]) insert(key string) *topEntry[V] {
+func (t *TopK[V]) insert(key string) *topEntry[V] {
 	key = strings.Clone(key) // do not pin the request's memory
 	if len(t.entries) < t.capacity {
 		e := &topEntry[V]{key: key, pos: len(t.heap)}
@@ -108,13 +111,13 @@ func (t *topK[V]) insert(key string) *topEntry[V] {
 	return e
 }
 
-func (t *topK[V]) promote(e *topEntry[V]) {
+func (t *TopK[V]) promote(e *topEntry[V]) {
 	t.removeFromHeap(e.pos)
 	e.pos, e.member = -1, true
 	t.members++
 }
 
-func (t *topK[V]) demote(e *topEntry[V]) {
+func (t *TopK[V]) demote(e *topEntry[V]) {
 	if t.release != nil {
 		t.release(e.key, &e.val)
 	}
@@ -128,7 +131,7 @@ func (t *topK[V]) demote(e *topEntry[V]) {
 
 // rebalanceLocked makes the n largest (weighted) counts the members, then
 // halves every count.
-func (t *topK[V]) rebalanceLocked() {
+func (t *TopK[V]) rebalanceLocked() {
 	t.seen = 0
 	all := t.scratch[:0]
 	for _, e := range t.entries {
@@ -176,7 +179,7 @@ func (e *topEntry[V]) score() uint64 {
 }
 
 // reset demotes every member, releasing its value.
-func (t *topK[V]) reset() {
+func (t *TopK[V]) Reset() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, e := range t.entries {
@@ -187,7 +190,7 @@ func (t *topK[V]) reset() {
 }
 
 // top returns the members' keys, for tests.
-func (t *topK[V]) top() []string {
+func (t *TopK[V]) Top() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var keys []string
@@ -202,14 +205,14 @@ func (t *topK[V]) top() []string {
 
 // Min-heap on count.
 
-func (t *topK[V]) less(i, j int) bool { return t.heap[i].count < t.heap[j].count }
+func (t *TopK[V]) less(i, j int) bool { return t.heap[i].count < t.heap[j].count }
 
-func (t *topK[V]) swap(i, j int) {
+func (t *TopK[V]) swap(i, j int) {
 	t.heap[i], t.heap[j] = t.heap[j], t.heap[i]
 	t.heap[i].pos, t.heap[j].pos = i, j
 }
 
-func (t *topK[V]) up(i int) {
+func (t *TopK[V]) up(i int) {
 	for i > 0 {
 		p := (i - 1) / 2
 		if !t.less(i, p) {
@@ -220,7 +223,7 @@ func (t *topK[V]) up(i int) {
 	}
 }
 
-func (t *topK[V]) down(i int) {
+func (t *TopK[V]) down(i int) {
 	n := len(t.heap)
 	for {
 		l := 2*i + 1
@@ -239,7 +242,7 @@ func (t *topK[V]) down(i int) {
 	}
 }
 
-func (t *topK[V]) removeFromHeap(i int) {
+func (t *TopK[V]) removeFromHeap(i int) {
 	last := len(t.heap) - 1
 	if i != last {
 		t.swap(i, last)
@@ -250,4 +253,12 @@ func (t *topK[V]) removeFromHeap(i int) {
 		t.down(i)
 		t.up(i)
 	}
+}
+
+// WithLock runs f with the top-k's lock held, for state the caller guards
+// with it (as Observe's visit does).
+func (t *TopK[V]) WithLock(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f()
 }
