@@ -7,7 +7,6 @@ import (
 	"sort"
 	"sync"
 	"testing"
-
 )
 
 // heaviest returns the k keys with the largest counts.
@@ -19,7 +18,6 @@ func heaviest(counts map[string]int, k int) []string {
 	sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] })
 	return keys[:min(k, len(keys))]
 }
-
 
 // TestTopKSpaceSaving: any key more frequent than total/capacity is
 // counted, and counts overestimate by at most err.
