@@ -120,7 +120,7 @@ func TestAdminRoutes(t *testing.T) {
 			t.Fatalf("tier query: %v", m)
 		}
 		m = s.adminOK("GET", "/rate_limit/policies?tenant=vip&policy=api", "")
-		if p := adminPolicy(t, m, "api"); p["limit"] != 7.0 || p["source"] != "override" || len(m["policies"].([]any)) != 1 {
+		if p := adminPolicy(t, m, "api"); p["limit"] != 7.0 || p["source"] != "tenant_limit" || len(m["policies"].([]any)) != 1 {
 			t.Fatalf("vip: %v", m)
 		}
 		if p := adminPolicy(t, s.adminOK("GET", "/rate_limit/policies?tenant=vip", ""), "login"); p["algorithm"] != "token_bucket" {

@@ -2,6 +2,7 @@ package tollgate
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -31,8 +32,8 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 	return h, nil
 }
 
-// UnmarshalCaddyfile implements caddyfile.Unmarshaler. Syntax (DESIGN §2;
-// every mholt/caddy-ratelimit config is valid and means the same):
+// UnmarshalCaddyfile implements caddyfile.Unmarshaler. Syntax (every
+// mholt/caddy-ratelimit config is valid and means the same):
 //
 //	rate_limit [<matcher>] {
 //		redis [<host:port>...] {
@@ -82,7 +83,8 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //			cost <n|placeholder>
 //			min_interval <duration>
 //			tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited
-//			override <tenant> <limit> [<window>] [burst <n>] [shadow] | override <tenant> unlimited
+//			tenant_limit <tenant> <limit> [<window>] [burst <n>] [shadow] | tenant_limit <tenant> unlimited
+//			                       # older spelling: override
 //			lease <max_tokens> [<ttl>]
 //			shadow
 //			fail open|closed|local
@@ -92,157 +94,148 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //	}
 //
 // Valued subdirectives may be given once per block; flags, `match`,
-// `tenant_tier`, `tier`, `override`, `address` and `policy` repeat. Every
-// error names the file and line at fault. At least one policy is required.
+// `tenant_tier`, `tier`, `tenant_limit`, `address` and `policy` repeat. The
+// parser checks syntax; the configuration rules are validate.go's, run on
+// what was read, and every error names the file and line at fault. At least
+// one policy is required.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
+	rec := &cfRecord{directive: d.Token()}
 	if d.NextArg() {
 		return d.Errf("unexpected argument %q: rate_limit takes only a request matcher on its line, and its configuration in a block", d.Val())
 	}
-	p := cfParser{d: d} // Caddy prefixes errors with the directive name
-	h.cfTokens = make(map[string]caddyfile.Token)
-	defer func() { h.cfTokens = nil }()
+	p := cfParser{d: d, rec: rec} // Caddy prefixes errors with the directive name
 	if err := parseBlock(p, handlerBlock, h); err != nil {
 		return err
 	}
 	if len(h.RateLimits) == 0 {
 		return d.Err("no policy defined in rate_limit: add at least one `policy <name> { limit <n> window <duration> }`")
 	}
-	if tok, ok := h.cfTokens["denials_stream"]; ok && h.Redis == nil {
-		return p.errAt(tok, "denials_stream: needs a redis block (the stream lives in Redis)")
+	if _, err := h.validateConfig(); err != nil {
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return rec.fieldErr(fe)
+		}
+		return err
 	}
 	return nil
 }
-
-// record implements tokenRecorder: the handler's subdirectives, for checks
-// made once the whole block has been read.
-func (h *Handler) record(name string, tok caddyfile.Token) { h.cfTokens[name] = tok }
 
 // handlerBlock lists the subdirectives of `rate_limit`, in the order the
 // docs show them.
 var handlerBlock = block[*Handler]{
 	{name: "redis", usage: "redis [<host:port>...] { ... }", parse: parseRedis},
-	{name: "tenant", usage: "tenant <placeholder-template>", parse: func(p cfParser, h *Handler) (err error) {
+	{name: "tenant", usage: "tenant <placeholder-template>", field: "tenant", parse: func(p cfParser, h *Handler) (err error) {
 		h.Tenant, err = p.word()
 		return err
 	}},
-	{name: "tier", usage: "tier <placeholder-template>", parse: func(p cfParser, h *Handler) (err error) {
+	{name: "tier", usage: "tier <placeholder-template>", field: "tier", parse: func(p cfParser, h *Handler) (err error) {
 		h.Tier, err = p.word()
 		return err
 	}},
 	{name: "tenant_tier", usage: "tenant_tier <tenant> <tier>", repeatable: true, parse: parseTenantTier},
-	{name: "missing_tenant", usage: "missing_tenant " + strings.Join(missingTenantValues, "|"), parse: func(p cfParser, h *Handler) (err error) {
-		h.MissingTenant, err = p.enum(missingTenantValues)
+	{name: "missing_tenant", usage: "missing_tenant " + strings.Join(missingTenantValues, "|"), field: "missing_tenant", parse: func(p cfParser, h *Handler) (err error) {
+		h.MissingTenant, err = p.word()
 		return err
 	}},
 	{name: "lease", usage: "lease <max_tokens> [<ttl>]", parse: func(p cfParser, h *Handler) (err error) {
 		h.Lease, err = p.lease()
 		return err
 	}},
-	{name: "shadow", usage: "shadow", repeatable: true, parse: func(p cfParser, h *Handler) error {
+	{name: "shadow", usage: "shadow", repeatable: true, field: "shadow", parse: func(p cfParser, h *Handler) error {
 		h.Shadow = true
 		return p.flag()
 	}},
-	{name: "fail", usage: "fail " + strings.Join(failModeValues, "|"), parse: func(p cfParser, h *Handler) (err error) {
-		h.FailMode, err = p.enum(failModeValues)
+	{name: "fail", usage: "fail " + strings.Join(failModeValues, "|"), field: "fail_mode", parse: func(p cfParser, h *Handler) (err error) {
+		h.FailMode, err = p.word()
 		return err
 	}},
-	{name: "headers", usage: "headers " + strings.Join(headersValues, "|"), parse: func(p cfParser, h *Handler) (err error) {
-		h.Headers, err = p.enum(headersValues)
+	{name: "headers", usage: "headers " + strings.Join(headersValues, "|"), field: "headers", parse: func(p cfParser, h *Handler) (err error) {
+		h.Headers, err = p.word()
 		return err
 	}},
-	{name: "jitter", usage: "jitter <fraction>", parse: parseJitter},
-	{name: "denials_stream", usage: "denials_stream [<maxlen>]", parse: parseDenialsStream},
-	{name: "metrics_tenants", usage: "metrics_tenants <n>", parse: func(p cfParser, h *Handler) (err error) {
-		h.MetricsTenants, err = p.intRange(0, maxMetricsTenants)
+	{name: "jitter", usage: "jitter <fraction>", field: "jitter", parse: parseJitter},
+	{name: "denials_stream", usage: "denials_stream [<maxlen>]", field: "denials_stream", parse: parseDenialsStream},
+	{name: "metrics_tenants", usage: "metrics_tenants <n>", field: "metrics_tenants", parse: func(p cfParser, h *Handler) (err error) {
+		h.MetricsTenants, err = p.intArg(fmt.Sprintf("an integer from 0 to %d", maxMetricsTenants))
 		return err
 	}},
-	{name: "log_key", usage: "log_key", repeatable: true, parse: func(p cfParser, h *Handler) error {
+	{name: "log_key", usage: "log_key", repeatable: true, field: "log_key", parse: func(p cfParser, h *Handler) error {
 		h.LogKey = true
 		return p.flag()
 	}},
 	{name: "policy", aliases: []string{"zone"}, usage: "policy <name> { ... }", repeatable: true, parse: parsePolicy},
-	{name: "sweep_interval", usage: "sweep_interval <duration>", parse: func(p cfParser, h *Handler) (err error) {
+	{name: "sweep_interval", usage: "sweep_interval <duration>", field: "sweep_interval", parse: func(p cfParser, h *Handler) (err error) {
 		h.SweepInterval, err = p.durationArg()
 		return err
 	}},
-	{name: "disable_metrics", usage: "disable_metrics", repeatable: true, parse: func(p cfParser, h *Handler) error {
+	{name: "disable_metrics", usage: "disable_metrics", repeatable: true, field: "disable_metrics", parse: func(p cfParser, h *Handler) error {
 		h.DisableMetrics = true
 		return p.flag()
 	}},
-	{name: "distributed", usage: "distributed [{ read_interval <duration> write_interval <duration> purge_age <duration> }]", parse: parseDistributed},
-	{name: "storage", usage: "storage <module...>", parse: parseStorage},
+	{name: "distributed", usage: "distributed [{ read_interval <duration> write_interval <duration> purge_age <duration> }]", field: "distributed", parse: parseDistributed},
+	{name: "storage", usage: "storage <module...>", field: "storage", parse: parseStorage},
 }
 
 // policyBlock lists the subdirectives of `policy <name> { ... }`.
 var policyBlock = block[*policyState]{
-	{name: "match", usage: "match { <matchers> }", repeatable: true, parse: parseMatch},
-	{name: "key", usage: "key <placeholder-template>", parse: func(p cfParser, ps *policyState) (err error) {
+	{name: "match", usage: "match { <matchers> }", repeatable: true, field: "match", parse: parseMatch},
+	{name: "key", usage: "key <placeholder-template>", field: "key", parse: func(p cfParser, ps *policyState) (err error) {
 		ps.pc.Key, err = p.word()
 		return err
 	}},
-	{name: "algorithm", usage: "algorithm " + strings.ReplaceAll(limiter.AlgorithmNames, ", ", "|"), parse: func(p cfParser, ps *policyState) error {
-		name, err := p.word()
-		if err != nil {
-			return err
-		}
-		if _, err := limiter.ParseAlgorithm(name); err != nil {
-			return p.dirErr("%q: unknown (allowed: %s)", name, limiter.AlgorithmNames)
-		}
-		ps.pc.Algorithm = name
-		return nil
-	}},
-	{name: "limit", aliases: []string{"events"}, usage: "limit <n>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.MaxEvents, err = p.countArg(1)
+	{name: "algorithm", usage: "algorithm " + strings.ReplaceAll(limiter.AlgorithmNames, ", ", "|"), field: "algorithm", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Algorithm, err = p.word()
 		return err
 	}},
-	{name: "window", usage: "window <duration>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.Window, err = p.windowArg()
+	{name: "limit", aliases: []string{"events"}, usage: "limit <n>", field: "max_events", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.MaxEvents, err = p.int64Arg(countRange(1))
 		return err
 	}},
-	{name: "burst", usage: "burst <n>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.Burst, err = p.countArg(1)
+	{name: "window", usage: "window <duration>", field: "window", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Window, err = p.durationArg()
 		return err
 	}},
-	{name: "cost", usage: "cost <n|placeholder>", parse: func(p cfParser, ps *policyState) error {
+	{name: "burst", usage: "burst <n>", field: "burst", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Burst, err = p.int64Arg(countRange(1))
+		return err
+	}},
+	{name: "cost", usage: "cost <n|placeholder>", field: "cost", parse: func(p cfParser, ps *policyState) error {
 		s, err := p.word()
-		if err != nil {
-			return err
-		}
-		if err := checkCost(Cost(s)); err != nil {
-			return p.errf("%v", err)
-		}
 		ps.pc.Cost = Cost(s)
-		return nil
+		return err
 	}},
-	{name: "min_interval", usage: "min_interval <duration>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.MinInterval, err = p.intervalArg()
+	{name: "min_interval", usage: "min_interval <duration>", field: "min_interval", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.MinInterval, err = p.durationArg()
 		return err
 	}},
 	{name: "tier", usage: "tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
-		return ps.parseLimitRule(p, &ps.pc.Tiers)
+		return ps.parseLimitRule(p, "tiers", &ps.pc.Tiers)
 	}},
-	{name: "override", usage: "override <tenant> <limit> [<window>] [burst <n>] [shadow] | override <tenant> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
-		return ps.parseLimitRule(p, &ps.pc.Overrides)
+	{name: "tenant_limit", usage: "tenant_limit <tenant> <limit> [<window>] [burst <n>] [shadow] | tenant_limit <tenant> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+		return ps.parseLimitRule(p, "tenant_limits", &ps.pc.TenantLimits)
+	}},
+	{name: "override", usage: "override <tenant> <limit> [<window>] [burst <n>] [shadow] | override <tenant> unlimited (older spelling of tenant_limit)", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+		return ps.parseLimitRule(p, "overrides", &ps.pc.Overrides)
 	}},
 	{name: "lease", usage: "lease <max_tokens> [<ttl>]", parse: func(p cfParser, ps *policyState) (err error) {
 		ps.pc.Lease, err = p.lease()
 		return err
 	}},
-	{name: "shadow", usage: "shadow", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+	{name: "shadow", usage: "shadow", repeatable: true, field: "shadow", parse: func(p cfParser, ps *policyState) error {
 		ps.pc.Shadow = true
 		return p.flag()
 	}},
-	{name: "fail", usage: "fail " + strings.Join(failModeValues, "|"), parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.FailMode, err = p.enum(failModeValues)
+	{name: "fail", usage: "fail " + strings.Join(failModeValues, "|"), field: "fail_mode", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.FailMode, err = p.word()
 		return err
 	}},
-	{name: "ipv4_prefix", usage: "ipv4_prefix <bits>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.IPv4Prefix, err = p.intRange(0, 32)
+	{name: "ipv4_prefix", usage: "ipv4_prefix <bits>", field: "ipv4_prefix", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.IPv4Prefix, err = p.intArg("an integer from 0 to 32")
 		return err
 	}},
-	{name: "ipv6_prefix", usage: "ipv6_prefix <bits>", parse: func(p cfParser, ps *policyState) (err error) {
-		ps.pc.IPv6Prefix, err = p.intRange(0, 128)
+	{name: "ipv6_prefix", usage: "ipv6_prefix <bits>", field: "ipv6_prefix", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.IPv6Prefix, err = p.intArg("an integer from 0 to 128")
 		return err
 	}},
 }
@@ -254,53 +247,47 @@ var redisBlock = block[*RedisConfig]{
 		if err != nil {
 			return err
 		}
-		return p.addAddresses(rc, addrs)
+		p.addAddresses(rc, addrs, p.label("address"))
+		return nil
 	}},
-	{name: "cluster", usage: "cluster", repeatable: true, parse: func(p cfParser, rc *RedisConfig) error {
+	{name: "cluster", usage: "cluster", repeatable: true, field: "cluster", parse: func(p cfParser, rc *RedisConfig) error {
 		rc.Cluster = true
 		return p.flag()
 	}},
-	{name: "sentinel", usage: "sentinel <master_name>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+	{name: "sentinel", usage: "sentinel <master_name>", field: "sentinel_master", parse: func(p cfParser, rc *RedisConfig) (err error) {
 		rc.SentinelMaster, err = p.word()
 		return err
 	}},
-	{name: "username", usage: "username <user>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+	{name: "username", usage: "username <user>", field: "username", parse: func(p cfParser, rc *RedisConfig) (err error) {
 		rc.Username, err = p.word()
 		return err
 	}},
-	{name: "password", usage: "password <password>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+	{name: "password", usage: "password <password>", field: "password", parse: func(p cfParser, rc *RedisConfig) (err error) {
 		rc.Password, err = p.word()
 		return err
 	}},
-	{name: "db", usage: "db <n>", parse: func(p cfParser, rc *RedisConfig) (err error) {
-		rc.DB, err = p.intArg(0, "a non-negative integer")
+	{name: "db", usage: "db <n>", field: "db", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.DB, err = p.intArg("a non-negative integer")
 		return err
 	}},
-	{name: "tls", usage: "tls [insecure_skip_verify] [{ ca <file> cert <file> key <file> server_name <name> insecure_skip_verify }]", parse: parseRedisTLS},
-	{name: "pool_size", usage: "pool_size <n>", parse: func(p cfParser, rc *RedisConfig) (err error) {
-		rc.PoolSize, err = p.intArg(1, "a positive integer")
+	{name: "tls", usage: "tls [insecure_skip_verify] [{ ca <file> cert <file> key <file> server_name <name> insecure_skip_verify }]", field: "tls", parse: parseRedisTLS},
+	{name: "pool_size", usage: "pool_size <n>", field: "pool_size", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.PoolSize, err = p.intArg("a positive integer")
 		return err
 	}},
-	{name: "timeout", usage: "timeout <duration>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+	{name: "timeout", usage: "timeout <duration>", field: "timeout", parse: func(p cfParser, rc *RedisConfig) (err error) {
 		rc.Timeout, err = p.durationArg()
 		return err
 	}},
-	{name: "key_prefix", usage: "key_prefix <string>", parse: func(p cfParser, rc *RedisConfig) error {
-		s, err := p.word()
-		if err != nil {
-			return err
-		}
-		if !limiter.ValidName(s) {
-			return p.dirErr("%q: %s", s, nameRule)
-		}
-		rc.KeyPrefix = s
-		return nil
-	}},
-	{name: "breaker_failures", usage: "breaker_failures <n>", parse: func(p cfParser, rc *RedisConfig) (err error) {
-		rc.BreakerFailures, err = p.intArg(1, "a positive integer")
+	{name: "key_prefix", usage: "key_prefix <string>", field: "key_prefix", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.KeyPrefix, err = p.word()
 		return err
 	}},
-	{name: "breaker_cooldown", usage: "breaker_cooldown <duration>", parse: func(p cfParser, rc *RedisConfig) (err error) {
+	{name: "breaker_failures", usage: "breaker_failures <n>", field: "breaker_failures", parse: func(p cfParser, rc *RedisConfig) (err error) {
+		rc.BreakerFailures, err = p.intArg("a positive integer")
+		return err
+	}},
+	{name: "breaker_cooldown", usage: "breaker_cooldown <duration>", field: "breaker_cooldown", parse: func(p cfParser, rc *RedisConfig) (err error) {
 		rc.BreakerCooldown, err = p.durationArg()
 		return err
 	}},
@@ -308,23 +295,23 @@ var redisBlock = block[*RedisConfig]{
 
 // tlsBlock lists the subdirectives of the redis `tls { ... }` block.
 var tlsBlock = block[*RedisTLSConfig]{
-	{name: "ca", usage: "ca <file>", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
+	{name: "ca", usage: "ca <file>", field: "ca", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
 		t.CA, err = p.word()
 		return err
 	}},
-	{name: "cert", usage: "cert <file>", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
+	{name: "cert", usage: "cert <file>", field: "cert", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
 		t.Cert, err = p.word()
 		return err
 	}},
-	{name: "key", usage: "key <file>", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
+	{name: "key", usage: "key <file>", field: "key", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
 		t.Key, err = p.word()
 		return err
 	}},
-	{name: "server_name", usage: "server_name <name>", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
+	{name: "server_name", usage: "server_name <name>", field: "server_name", parse: func(p cfParser, t *RedisTLSConfig) (err error) {
 		t.ServerName, err = p.word()
 		return err
 	}},
-	{name: "insecure_skip_verify", usage: "insecure_skip_verify", repeatable: true, parse: func(p cfParser, t *RedisTLSConfig) error {
+	{name: "insecure_skip_verify", usage: "insecure_skip_verify", repeatable: true, field: "insecure_skip_verify", parse: func(p cfParser, t *RedisTLSConfig) error {
 		t.InsecureSkipVerify = true
 		return p.flag()
 	}},
@@ -363,12 +350,10 @@ func parseTenantTier(p cfParser, h *Handler) error {
 		return err
 	}
 	tenant, tier := args[0], args[1]
-	if tenant == "" || tier == "" {
-		return p.dirErr("tenant and tier must not be empty")
-	}
 	if prev, dup := h.TenantTiers[tenant]; dup {
 		return p.dirErr("tenant %q is already mapped to tier %q", tenant, prev)
 	}
+	p.record([]string{"tenant_tiers", tenant}, p.label(p.dir))
 	if h.TenantTiers == nil {
 		h.TenantTiers = make(map[string]string)
 	}
@@ -384,9 +369,6 @@ func parseJitter(p cfParser, h *Handler) error {
 	j, err := strconv.ParseFloat(s, 64)
 	if err != nil {
 		return p.dirErr("%q is not a number (want a fraction from 0 to %d, e.g. 0.2 for up to 20%% extra)", s, maxJitter)
-	}
-	if err := checkJitter(j); err != nil {
-		return p.dirErr("%v", err)
 	}
 	h.Jitter = j
 	return nil
@@ -404,7 +386,10 @@ func parseDenialsStream(p cfParser, h *Handler) error {
 		h.DenialsStream = defaultDenialsStream
 		return nil
 	}
-	n, err := p.parseInt(args[0], 1, math.MaxInt32, "a positive integer")
+	n, err := p.parseInt(args[0], "a positive integer")
+	if err == nil && (n < 1 || n > math.MaxInt32) {
+		err = p.dirErr("%d is out of range (want an integer from 1 to %d)", n, math.MaxInt32)
+	}
 	h.DenialsStream = int(n)
 	return err
 }
@@ -414,7 +399,7 @@ func parseDistributed(p cfParser, h *Handler) error {
 		return err
 	}
 	var c distributedConfig
-	if err := parseBlock(p.sub("distributed"), distributedBlock, &c); err != nil {
+	if err := parseBlock(p.nested("distributed", []string{"distributed"}), distributedBlock, &c); err != nil {
 		return err
 	}
 	raw, err := json.Marshal(c)
@@ -458,41 +443,26 @@ func (p cfParser) wrap(err error) error {
 // --- redis -----------------------------------------------------------------
 
 func parseRedis(p cfParser, h *Handler) error {
-	tok := p.d.Token()
+	p.record([]string{"redis"}, "redis")
 	addrs, err := p.lineArgs(0, -1)
 	if err != nil {
 		return err
 	}
 	rc := new(RedisConfig)
-	if err := p.addAddresses(rc, addrs); err != nil {
+	p.addAddresses(rc, addrs, "redis")
+	if err := parseBlock(p.nested("redis", []string{"redis"}), redisBlock, rc); err != nil {
 		return err
-	}
-	if err := parseBlock(p.sub("redis"), redisBlock, rc); err != nil {
-		return err
-	}
-	rp := p.sub("redis")
-	switch {
-	case len(rc.Addresses) == 0:
-		return rp.errAt(tok, "at least one address is required (address <host:port>...)")
-	case rc.Cluster && rc.SentinelMaster != "":
-		return rp.errAt(tok, "cluster and sentinel are mutually exclusive")
-	case rc.Cluster && rc.DB != 0:
-		return rp.errAt(tok, "db %d: Redis Cluster has only db 0", rc.DB)
-	case rc.TLS != nil && (rc.TLS.Cert == "") != (rc.TLS.Key == ""):
-		return rp.errAt(tok, "tls: cert and key must be given together")
 	}
 	h.Redis = rc
 	return nil
 }
 
-func (p cfParser) addAddresses(rc *RedisConfig, addrs []string) error {
+// addAddresses appends addrs, each recorded at the current line as label.
+func (p cfParser) addAddresses(rc *RedisConfig, addrs []string, label string) {
 	for _, a := range addrs {
-		if err := checkAddress(a); err != nil {
-			return p.dirErr("%v", err)
-		}
+		p.record([]string{"redis", "addresses[" + strconv.Itoa(len(rc.Addresses)) + "]"}, label)
 		rc.Addresses = append(rc.Addresses, a)
 	}
-	return nil
 }
 
 func parseRedisTLS(p cfParser, rc *RedisConfig) error {
@@ -507,7 +477,7 @@ func parseRedisTLS(p cfParser, rc *RedisConfig) error {
 		}
 		t.InsecureSkipVerify = true
 	}
-	if err := parseBlock(p.sub("redis: tls"), tlsBlock, t); err != nil {
+	if err := parseBlock(p.nested("redis: tls", []string{"redis", "tls"}), tlsBlock, t); err != nil {
 		return err
 	}
 	rc.TLS = t
@@ -516,36 +486,29 @@ func parseRedisTLS(p cfParser, rc *RedisConfig) error {
 
 // --- policies --------------------------------------------------------------
 
-// policyState is a policy being read, with the tokens of its subdirectives
-// so that checks made at the end of the block can name the right line.
+// policyState is a policy being read.
 type policyState struct {
-	name  string
-	pc    *PolicyConfig
-	start caddyfile.Token
-	toks  map[string]caddyfile.Token // subdirective, or "tier <name>" / "override <name>"
+	name string
+	pc   *PolicyConfig
+	// limitRules are the tier and tenant_limit names seen, by kind, for
+	// duplicate lines.
+	limitRules map[string]int
 }
 
-func (ps *policyState) record(name string, tok caddyfile.Token) { ps.toks[name] = tok }
-
 func parsePolicy(p cfParser, h *Handler) error {
-	start := p.d.Token()
 	args, err := p.lineArgs(1, 1)
 	if err != nil {
 		return err
 	}
 	name := args[0]
-	if !limiter.ValidName(name) {
-		return p.dirErr("invalid name %q: %s", name, nameRule)
-	}
 	if _, dup := h.RateLimits[name]; dup {
 		return p.dirErr("duplicate policy name %q: each policy needs its own name", name)
 	}
-	ps := &policyState{name: name, pc: new(PolicyConfig), start: start, toks: make(map[string]caddyfile.Token)}
-	pp := p.sub(p.dir + " " + name)
-	if err := parseBlock(pp, policyBlock, ps); err != nil {
-		return err
-	}
-	if err := ps.finish(pp, h); err != nil {
+	path := []string{"rate_limits", name}
+	scope := p.dir + " " + name
+	p.record(path, scope)
+	ps := &policyState{name: name, pc: new(PolicyConfig), limitRules: map[string]int{}}
+	if err := parseBlock(p.nested(scope, path), policyBlock, ps); err != nil {
 		return err
 	}
 	if h.RateLimits == nil {
@@ -587,23 +550,27 @@ func parseMatch(p cfParser, ps *policyState) error {
 	return nil
 }
 
-// parseLimitRule reads a `tier` or `override` line into m:
+// parseLimitRule reads a `tier` or `tenant_limit` (`override`) line into
+// m, the JSON field field:
 //
 //	<name> <limit> [<window>] [burst <n>] [shadow]
 //	<name> unlimited
-func (ps *policyState) parseLimitRule(p cfParser, m *map[string]*LimitConfig) error {
-	tok := p.d.Token()
+func (ps *policyState) parseLimitRule(p cfParser, field string, m *map[string]*LimitConfig) error {
 	args, err := p.args(2, 6)
 	if err != nil {
 		return err
 	}
 	name := args[0]
-	if name == "" {
-		return p.dirErr("name must not be empty; usage: %s", p.usage)
+	if line, dup := ps.limitRules[p.dir+"\x00"+name]; dup {
+		return p.dirErr("%q already specified at line %d", name, line)
 	}
-	if prev, dup := ps.toks[p.dir+" "+name]; dup {
-		return p.dirErr("%q already specified at line %d", name, prev.Line)
-	}
+	ps.limitRules[p.dir+"\x00"+name] = p.d.Line()
+	path := sub(p.path, field, name)
+	label := p.label(p.dir + " " + name)
+	p.record(path, label)
+	p.record(sub(path, "max_events"), label)
+	p.record(sub(path, "window"), label+": window")
+	p.record(sub(path, "burst"), label+": burst")
 	lc := new(LimitConfig)
 	if args[1] == "unlimited" {
 		if len(args) > 2 {
@@ -611,14 +578,13 @@ func (ps *policyState) parseLimitRule(p cfParser, m *map[string]*LimitConfig) er
 		}
 		lc.Unlimited = true
 	} else {
-		if lc.MaxEvents, err = p.parseInt(args[1], 1, limiter.MaxCount, countRange(1)+", or unlimited"); err != nil {
+		if lc.MaxEvents, err = p.parseInt(args[1], countRange(1)+", or unlimited"); err != nil {
 			return err
 		}
 		if err := p.limitOptions(lc, args[2:]); err != nil {
 			return err
 		}
 	}
-	ps.toks[p.dir+" "+name] = tok
 	if *m == nil {
 		*m = make(map[string]*LimitConfig)
 	}
@@ -627,7 +593,7 @@ func (ps *policyState) parseLimitRule(p cfParser, m *map[string]*LimitConfig) er
 }
 
 // limitOptions reads the optional `[<window>] [burst <n>] [shadow]` part of
-// a tier or override line, in any order.
+// a tier or tenant_limit line, in any order.
 func (p cfParser) limitOptions(lc *LimitConfig, opts []string) error {
 	var window, burst, shadow bool
 	for i := 0; i < len(opts); i++ {
@@ -638,7 +604,7 @@ func (p cfParser) limitOptions(lc *LimitConfig, opts []string) error {
 				return p.dirErr("burst must be given once, with a value; usage: %s", p.usage)
 			}
 			i++
-			lc.Burst, err = p.parseInt(opts[i], 1, limiter.MaxCount, countRange(1))
+			lc.Burst, err = p.parseInt(opts[i], countRange(1))
 			burst = true
 		case opt == "shadow":
 			if shadow {
@@ -648,52 +614,12 @@ func (p cfParser) limitOptions(lc *LimitConfig, opts []string) error {
 		case window:
 			return p.dirErr("unexpected %q; usage: %s", opt, p.usage)
 		default:
-			lc.Window, err = p.parseWindow(opt)
+			lc.Window, err = p.parseDuration(opt)
 			window = true
 		}
 		if err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// finish checks what can only be checked once the whole policy block has
-// been read (the algorithm may come after burst), pointing at the line of
-// the subdirective at fault.
-func (ps *policyState) finish(p cfParser, h *Handler) error {
-	pc := ps.pc
-	alg, err := limiter.ParseAlgorithm(pc.Algorithm)
-	if err != nil { // already refused while parsing
-		return p.errAt(ps.start, "%v", err)
-	}
-	if pc.MaxEvents == 0 {
-		return p.errAt(ps.start, "limit is required (`limit <n>`, alias `events`)")
-	}
-	if pc.Window == 0 && alg != limiter.Concurrency {
-		return p.errAt(ps.start, "window is required for algorithm %s (`window <duration>`; only concurrency takes none)", alg)
-	}
-	if pc.Burst > 0 && !alg.UsesBurst() {
-		return p.errAt(ps.toks["burst"], "%s", burstMisuse(alg))
-	}
-	for _, kind := range []struct {
-		dir   string
-		rules map[string]*LimitConfig
-	}{{"tier", pc.Tiers}, {"override", pc.Overrides}} {
-		for _, name := range sortedKeys(kind.rules) {
-			if kind.rules[name].Burst > 0 && !alg.UsesBurst() {
-				return p.errAt(ps.toks[kind.dir+" "+name], "%s %s: %s", kind.dir, name, burstMisuse(alg))
-			}
-		}
-	}
-	if pc.MinInterval > 0 && alg != limiter.SlidingLog {
-		return p.errAt(ps.toks["min_interval"], "%s", minIntervalMisuse(alg))
-	}
-	if pc.Lease != nil && pc.Lease.MaxTokens > 0 && !alg.SupportsLease() {
-		return p.errAt(ps.toks["lease"], "%s", leaseMisuse(alg))
-	}
-	if _, err := buildPolicy(ps.name, pc, h); err != nil {
-		return p.errAt(ps.start, "%v", err)
 	}
 	return nil
 }

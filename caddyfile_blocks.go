@@ -1,39 +1,46 @@
 package tollgate
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-
-	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // This file is the machinery the Caddyfile parser (caddyfile.go) is built
-// on: a block is a table of subdirectives, each with its name, aliases,
-// usage and parser, and cfParser reads arguments and reports errors that
-// name the scope, the subdirective, its line and the allowed values.
+// on. A block is a table of subdirectives, each with its name, aliases,
+// usage, the JSON field it sets and its parser. The parser checks syntax
+// only (argument counts, numbers, durations, repeats); the rules live in
+// validate.go. While parsing, every field's JSON path is recorded with the
+// token and the words that name it in the Caddyfile, so an error of the
+// validator names the line and the subdirective as written.
 
 // cfParser carries the dispenser and names the place in the configuration
 // that error messages refer to.
 type cfParser struct {
 	d     *caddyfile.Dispenser
-	scope string // e.g. "policy api", "redis"; empty at the top level
-	dir   string // the subdirective being parsed, as written
-	usage string // its syntax, for error messages
+	scope string   // e.g. "policy api", "redis"; empty at the top level
+	path  []string // JSON path of the block, e.g. rate_limits.api
+	dir   string   // the subdirective being parsed, as written
+	usage string   // its syntax, for error messages
+	rec   *cfRecord
 }
 
-// subdirective is one entry of a block: its name, syntax and parser.
+// subdirective is one entry of a block: its name, syntax, JSON field and
+// parser.
 type subdirective[T any] struct {
 	name       string
 	aliases    []string
 	usage      string
 	repeatable bool // may appear more than once in its block
-	parse      func(p cfParser, target T) error
+	// field is the JSON field the subdirective sets, recorded with its
+	// line; "" when the parser records what it sets itself.
+	field string
+	parse func(p cfParser, target T) error
 }
 
 // block is the list of subdirectives a block accepts.
@@ -66,12 +73,6 @@ func (b block[T]) allowed() string {
 	return strings.Join(names, ", ")
 }
 
-// tokenRecorder is implemented by block targets that need to point at a
-// subdirective's line after the whole block has been read.
-type tokenRecorder interface {
-	record(name string, tok caddyfile.Token)
-}
-
 // parseBlock reads the block that opens at the end of the current line and
 // hands each subdirective to its parser. It refuses unknown subdirectives
 // and repeats of single-valued ones.
@@ -96,11 +97,11 @@ func parseBlock[T any](p cfParser, b block[T], target T) error {
 			}
 			seen[sd.name] = first{name, p.d.Line()}
 		}
-		if r, ok := any(target).(tokenRecorder); ok {
-			r.record(sd.name, p.d.Token())
-		}
 		sp := p
 		sp.dir, sp.usage = name, sd.usage
+		if sd.field != "" {
+			sp.record(sub(p.path, sd.field), sp.label(name))
+		}
 		if err := sd.parse(sp, target); err != nil {
 			return err
 		}
@@ -108,9 +109,24 @@ func parseBlock[T any](p cfParser, b block[T], target T) error {
 	return nil
 }
 
-// sub returns a parser for a nested block whose errors are prefixed scope.
-func (p cfParser) sub(scope string) cfParser {
-	return cfParser{d: p.d, scope: scope}
+// nested returns a parser for a block nested at JSON path, whose errors are
+// prefixed scope.
+func (p cfParser) nested(scope string, path []string) cfParser {
+	return cfParser{d: p.d, scope: scope, path: path, rec: p.rec}
+}
+
+// label is how the Caddyfile names what follows: the scope, then name.
+func (p cfParser) label(name string) string {
+	if p.scope == "" {
+		return name
+	}
+	return p.scope + ": " + name
+}
+
+// record notes that the current token sets the field at path, which the
+// Caddyfile calls label.
+func (p cfParser) record(path []string, label string) {
+	p.rec.add(path, p.d.Token(), label)
 }
 
 // errf reports an error at the current token, prefixed with the scope.
@@ -127,11 +143,11 @@ func (p cfParser) dirErr(format string, args ...any) error {
 	return p.errf("%s: %s", p.dir, fmt.Sprintf(format, args...))
 }
 
-// errAt reports an error at the line of tok (a subdirective read earlier).
-func (p cfParser) errAt(tok caddyfile.Token, format string, args ...any) error {
-	at := cfParser{d: caddyfile.NewDispenser([]caddyfile.Token{tok}), scope: p.scope}
-	at.d.Next()
-	return at.errf(format, args...)
+// errAt reports msg at the line of tok (a token read earlier).
+func errAt(tok caddyfile.Token, msg string) error {
+	d := caddyfile.NewDispenser([]caddyfile.Token{tok})
+	d.Next()
+	return d.Err(msg)
 }
 
 // lineArgs returns the arguments on the rest of the line, which must number
@@ -151,7 +167,7 @@ func (p cfParser) args(min, max int) ([]string, error) {
 		return nil, err
 	}
 	if last := p.d.Token(); p.d.NextBlock(p.d.Nesting()) {
-		return nil, p.errAt(last, "%s: takes no block; usage: %s", p.dir, p.usage)
+		return nil, errAt(last, p.label(fmt.Sprintf("%s: takes no block; usage: %s", p.dir, p.usage)))
 	}
 	return args, nil
 }
@@ -171,58 +187,34 @@ func (p cfParser) word() (string, error) {
 	return args[0], nil
 }
 
-// enum returns the single argument, which must be one of allowed.
-func (p cfParser) enum(allowed []string) (string, error) {
-	s, err := p.word()
-	if err != nil {
-		return "", err
-	}
-	if err := checkEnum(s, allowed); err != nil {
-		return "", p.dirErr("%v", err)
-	}
-	return s, nil
-}
-
-// parseInt parses s as an integer of at least min; want describes the
-// accepted values for the error message.
-func (p cfParser) parseInt(s string, min, max int64, want string) (int64, error) {
+// parseInt parses s as an int64; want describes what is expected, for the
+// error message (the validator checks the range).
+func (p cfParser) parseInt(s, want string) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
+	switch {
+	case errors.Is(err, strconv.ErrRange):
+		return 0, p.dirErr("%s is out of range (want %s)", s, want)
+	case err != nil:
 		return 0, p.dirErr("%q is not a valid integer (want %s)", s, want)
-	}
-	if n < min || n > max {
-		return 0, p.dirErr("%d is out of range (want %s)", n, want)
 	}
 	return n, nil
 }
 
-// countArg reads one count (a limit, a burst) from least to
-// limiter.MaxCount.
-func (p cfParser) countArg(least int64) (int64, error) {
+// int64Arg reads one integer argument.
+func (p cfParser) int64Arg(want string) (int64, error) {
 	s, err := p.word()
 	if err != nil {
 		return 0, err
 	}
-	return p.parseInt(s, least, limiter.MaxCount, countRange(least))
+	return p.parseInt(s, want)
 }
 
-// intArg reads one int argument of at least min.
-func (p cfParser) intArg(min int64, want string) (int, error) {
-	s, err := p.word()
-	if err != nil {
-		return 0, err
+// intArg reads one integer argument that fits an int.
+func (p cfParser) intArg(want string) (int, error) {
+	n, err := p.int64Arg(want)
+	if err == nil && (n < math.MinInt32 || n > math.MaxInt32) {
+		return 0, p.dirErr("%d is out of range (want %s)", n, want)
 	}
-	n, err := p.parseInt(s, min, math.MaxInt32, want)
-	return int(n), err
-}
-
-// intRange reads one int argument between min and max inclusive.
-func (p cfParser) intRange(min, max int64) (int, error) {
-	s, err := p.word()
-	if err != nil {
-		return 0, err
-	}
-	n, err := p.parseInt(s, min, max, fmt.Sprintf("an integer from %d to %d", min, max))
 	return int(n), err
 }
 
@@ -257,55 +249,93 @@ func (p cfParser) durationText() (string, error) {
 	return s, err
 }
 
-// parseWindow parses a policy or tier window, from limiter.MinWindow to
-// limiter.MaxWindow.
-func (p cfParser) parseWindow(s string) (caddy.Duration, error) {
-	w, err := p.parseDuration(s)
-	if err != nil {
-		return 0, err
-	}
-	if err := limiter.CheckWindow(time.Duration(w)); err != nil {
-		return 0, p.dirErr("%v", err)
-	}
-	return w, nil
-}
-
-// intervalArg reads a min_interval: a positive duration up to
-// limiter.MaxWindow.
-func (p cfParser) intervalArg() (caddy.Duration, error) {
-	d, err := p.durationArg()
-	if err != nil {
-		return 0, err
-	}
-	if err := limiter.CheckInterval(time.Duration(d)); err != nil {
-		return 0, p.dirErr("%v", err)
-	}
-	return d, nil
-}
-
-// windowArg reads one window argument.
-func (p cfParser) windowArg() (caddy.Duration, error) {
-	s, err := p.word()
-	if err != nil {
-		return 0, err
-	}
-	return p.parseWindow(s)
-}
-
-// lease reads `lease <max_tokens> [<ttl>]`.
+// lease reads `lease <max_tokens> [<ttl>]`, recording both at the line.
 func (p cfParser) lease() (*LeaseConfig, error) {
+	path := sub(p.path, "lease")
+	p.record(path, p.label(p.dir))
+	p.record(sub(path, "max_tokens"), p.label(p.dir))
+	p.record(sub(path, "ttl"), p.label(p.dir+": ttl"))
 	args, err := p.args(1, 2)
 	if err != nil {
 		return nil, err
 	}
 	lc := new(LeaseConfig)
-	if lc.MaxTokens, err = p.parseInt(args[0], 0, limiter.MaxCount, countRange(0)+"; 0 disables leasing"); err != nil {
+	if lc.MaxTokens, err = p.parseInt(args[0], countRange(0)+"; 0 disables leasing"); err != nil {
 		return nil, err
 	}
 	if len(args) == 2 {
-		if lc.TTL, err = p.parseWindow(args[1]); err != nil {
+		if lc.TTL, err = p.parseDuration(args[1]); err != nil {
 			return nil, err
 		}
 	}
 	return lc, nil
+}
+
+// cfRecord maps JSON paths to where the Caddyfile set them.
+type cfRecord struct {
+	m map[string]cfField
+	// directive is the rate_limit token, for errors about fields the
+	// Caddyfile never set.
+	directive caddyfile.Token
+}
+
+// cfField is a recorded field: its token and the words naming it.
+type cfField struct {
+	tok   caddyfile.Token
+	label string
+}
+
+func pathKey(path []string) string { return strings.Join(path, "\x00") }
+
+func (r *cfRecord) add(path []string, tok caddyfile.Token, label string) {
+	if r.m == nil {
+		r.m = make(map[string]cfField)
+	}
+	r.m[pathKey(path)] = cfField{tok, label}
+}
+
+// cfNames maps JSON field names to the Caddyfile words for them, for
+// fields the Caddyfile did not set (an error about a missing field).
+var cfNames = map[string]string{
+	"max_events":      "limit",
+	"addresses":       "address",
+	"fail_mode":       "fail",
+	"sentinel_master": "sentinel",
+	"rate_limits":     "policy",
+	"tiers":           "tier",
+	"tenant_limits":   "tenant_limit",
+	"overrides":       "override",
+	"tenant_tiers":    "tenant_tier",
+}
+
+func cfName(field string) string {
+	if n, ok := cfNames[field]; ok {
+		return n
+	}
+	if name, _, ok := strings.Cut(field, "["); ok && name == "addresses" {
+		return "address"
+	}
+	return field
+}
+
+// fieldErr turns a validator error into a Caddyfile error at the line
+// that set the field (or the closest enclosing one), named in Caddyfile
+// words: "policy api: limit: 0 is out of range (...), at Caddyfile:5".
+func (r *cfRecord) fieldErr(fe *fieldError) error {
+	for n := len(fe.path); n > 0; n-- {
+		f, ok := r.m[pathKey(fe.path[:n])]
+		if !ok {
+			continue
+		}
+		parts := []string{f.label}
+		for _, seg := range fe.path[n:] {
+			parts = append(parts, cfName(seg))
+		}
+		return errAt(f.tok, strings.Join(parts, ": ")+": "+fe.msg)
+	}
+	var parts []string
+	for _, seg := range fe.path {
+		parts = append(parts, cfName(seg))
+	}
+	return errAt(r.directive, strings.Join(parts, ": ")+": "+fe.msg)
 }

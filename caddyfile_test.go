@@ -86,7 +86,7 @@ func TestCaddyfileAdapt(t *testing.T) {
 				if err := json.Unmarshal(raw, &h); err != nil {
 					t.Fatalf("decoding adapted handler: %v", err)
 				}
-				if err := h.validateConfig(); err != nil {
+				if _, err := h.validateConfig(); err != nil {
 					t.Errorf("adapted handler fails validateConfig: %v\n%s", err, raw)
 				}
 			}
@@ -285,7 +285,7 @@ func TestCaddyfileHandlerDirectives(t *testing.T) {
 				t.Fatalf("parse:\n%s\nerror: %v", tt.input, err)
 			}
 			assertHandler(t, got, tt.want)
-			if err := got.validateConfig(); err != nil {
+			if _, err := got.validateConfig(); err != nil {
 				t.Errorf("validateConfig: %v", err)
 			}
 		})
@@ -376,7 +376,7 @@ func TestCaddyfilePolicyDirectives(t *testing.T) {
 				t.Fatalf("parse:\n%s\nerror: %v", input, err)
 			}
 			assertHandler(t, got, policyOnly(tt.want))
-			if err := got.validateConfig(); err != nil {
+			if _, err := got.validateConfig(); err != nil {
 				t.Errorf("validateConfig: %v", err)
 			}
 		})
@@ -408,7 +408,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"tenant_tier duplicate", withPolicy("tenant_tier acme gold\ntenant_tier acme free"), 3, []string{`tenant "acme" is already mapped to tier "gold"`}},
 		{"tenant_tier empty", withPolicy(`tenant_tier "" gold`), 2, []string{"must not be empty"}},
 		{"missing_tenant bad", withPolicy("missing_tenant allow"), 2, []string{`missing_tenant: "allow": unknown value (allowed: shared, deny)`}},
-		{"lease negative", withPolicy("lease -1"), 2, []string{"lease: -1 is out of range (want an integer from 0 to 9007199254740991; 0 disables leasing)"}},
+		{"lease negative", withPolicy("lease -1"), 2, []string{"lease: -1 is out of range (allowed: 0 to 9007199254740991); 0 disables leasing"}},
 		{"lease not int", withPolicy("lease many"), 2, []string{`lease: "many" is not a valid integer`}},
 		{"lease bad ttl", withPolicy("lease 5 soon"), 2, []string{`lease: "soon" is not a valid duration`}},
 		{"lease zero ttl", withPolicy("lease 5 0s"), 2, []string{`"0s" must be a positive duration`}},
@@ -421,10 +421,10 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"jitter huge", withPolicy("jitter 1e9"), 2, []string{"jitter: 1e+09"}},
 		{"jitter not number", withPolicy("jitter lots"), 2, []string{`jitter: "lots" is not a number`}},
 		{"jitter twice", withPolicy("jitter 0.1\njitter 0.2"), 3, []string{"jitter already specified at line 2"}},
-		{"denials_stream zero", withPolicy("denials_stream 0"), 2, []string{"denials_stream: 0 is out of range (want a positive integer)"}},
+		{"denials_stream zero", withPolicy("denials_stream 0"), 2, []string{"denials_stream: 0 is out of range (want an integer from 1 to 2147483647)"}},
 		{"denials_stream two args", withPolicy("denials_stream 1 2"), 2, []string{"usage: denials_stream [<maxlen>]"}},
 		{"denials_stream without redis", withPolicy("log_key\ndenials_stream"), 3, []string{"denials_stream: needs a redis block (the stream lives in Redis)"}},
-		{"metrics_tenants negative", withPolicy("metrics_tenants -3"), 2, []string{"metrics_tenants: -3 is out of range (want an integer from 0 to 10000)"}},
+		{"metrics_tenants negative", withPolicy("metrics_tenants -3"), 2, []string{"metrics_tenants: -3 is out of range (allowed: 0 to 10000; 0 disables per-tenant series)"}},
 		{"metrics_tenants float", withPolicy("metrics_tenants 2.5"), 2, []string{`metrics_tenants: "2.5" is not a valid integer`}},
 		{"sweep_interval bad", withPolicy("sweep_interval often"), 2, []string{`sweep_interval: "often" is not a valid duration`}},
 		{"sweep_interval negative", withPolicy("sweep_interval -1m"), 2, []string{"must be a positive duration"}},
@@ -435,36 +435,36 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"storage unknown module", withPolicy("storage nowhere"), 2, []string{"storage: getting module named 'caddy.storage.nowhere'"}},
 
 		// redis
-		{"redis no address", withPolicy("redis {\n db 1\n}"), 2, []string{"redis: at least one address is required"}},
+		{"redis no address", withPolicy("redis {\n db 1\n}"), 2, []string{"redis: address: at least one host:port is required"}},
 		{"redis bad inline address", withPolicy("redis localhost"), 2, []string{`redis: "localhost": want host:port`}},
 		{"redis bad address", withPolicy("redis {\n address a:1 nope\n}"), 3, []string{`redis: address: "nope": want host:port`}},
 		{"redis bad port", withPolicy("redis {\n address a:99999\n}"), 3, []string{`"a:99999": want host:port`}},
 		{"redis address no args", withPolicy("redis {\n address\n}"), 3, []string{"usage: address <host:port>..."}},
 		{"redis unknown", withPolicy("redis {\n address a:1\n host a\n}"), 4, []string{`redis: unknown subdirective "host"`, "allowed: address, cluster, sentinel"}},
-		{"redis cluster sentinel", withPolicy("redis {\n address a:1\n cluster\n sentinel m\n}"), 2, []string{"cluster and sentinel are mutually exclusive"}},
-		{"redis cluster db", withPolicy("redis {\n address a:1\n cluster\n db 2\n}"), 2, []string{"Redis Cluster has only db 0"}},
-		{"redis db negative", withPolicy("redis {\n address a:1\n db -1\n}"), 4, []string{"db: -1 is out of range"}},
-		{"redis pool_size zero", withPolicy("redis {\n address a:1\n pool_size 0\n}"), 4, []string{"pool_size: 0 is out of range (want a positive integer)"}},
+		{"redis cluster sentinel", withPolicy("redis {\n address a:1\n cluster\n sentinel m\n}"), 2, []string{"redis: cluster mode and a sentinel master are mutually exclusive"}},
+		{"redis cluster db", withPolicy("redis {\n address a:1\n cluster\n db 2\n}"), 5, []string{"redis: db: 2: Redis Cluster has only db 0"}},
+		{"redis db negative", withPolicy("redis {\n address a:1\n db -1\n}"), 4, []string{"redis: db: -1: must not be negative"}},
+		{"redis pool_size negative", withPolicy("redis {\n address a:1\n pool_size -1\n}"), 4, []string{"redis: pool_size: -1: must not be negative (0 is the default)"}},
 		{"redis timeout bad", withPolicy("redis {\n address a:1\n timeout fast\n}"), 4, []string{`timeout: "fast" is not a valid duration`}},
 		{"redis key_prefix bad", withPolicy("redis {\n address a:1\n key_prefix a:b\n}"), 4, []string{`key_prefix: "a:b": use 1-64 letters`}},
-		{"redis breaker_failures zero", withPolicy("redis {\n address a:1\n breaker_failures 0\n}"), 4, []string{"breaker_failures: 0 is out of range"}},
+		{"redis breaker_failures negative", withPolicy("redis {\n address a:1\n breaker_failures -2\n}"), 4, []string{"redis: breaker_failures: -2: must not be negative (0 is the default, 3)"}},
 		{"redis breaker_cooldown zero", withPolicy("redis {\n address a:1\n breaker_cooldown 0s\n}"), 4, []string{"breaker_cooldown", "must be a positive duration"}},
 		{"redis duplicate", withPolicy("redis a:1\nredis b:2"), 3, []string{"redis already specified at line 2"}},
 		{"redis tls bad arg", withPolicy("redis {\n address a:1\n tls yes\n}"), 4, []string{`tls: unknown argument "yes" (allowed: insecure_skip_verify)`}},
-		{"redis tls cert without key", withPolicy("redis {\n address a:1\n tls {\n  cert c.pem\n }\n}"), 2, []string{"tls: cert and key must be given together"}},
+		{"redis tls cert without key", withPolicy("redis {\n address a:1\n tls {\n  cert c.pem\n }\n}"), 4, []string{"tls: cert and key must be given together"}},
 		{"redis tls unknown", withPolicy("redis {\n address a:1\n tls {\n  verify no\n }\n}"), 5, []string{`redis: tls: unknown subdirective "verify" (allowed: ca, cert, key, server_name, insecure_skip_verify)`}},
 
 		// policy
 		{"policy no name", "rate_limit {\n policy {\n  limit 1\n }\n}", 2, []string{"policy: wrong number of arguments (0)", "usage: policy <name>"}},
-		{"policy bad name", "rate_limit {\n policy a:b {\n  limit 1\n  window 1s\n }\n}", 2, []string{`policy: invalid name "a:b"`, "letters, digits"}},
+		{"policy bad name", "rate_limit {\n policy a:b {\n  limit 1\n  window 1s\n }\n}", 2, []string{`policy a:b: invalid policy name "a:b"`, "letters, digits"}},
 		{"duplicate policy", "rate_limit {\n policy a {\n  limit 1\n  window 1s\n }\n zone a {\n  events 1\n  window 1s\n }\n}", 6, []string{`zone: duplicate policy name "a"`}},
-		{"policy unknown subdirective", policy("limit 1\nwindow 1s\nrate 5"), 5, []string{`policy p: unknown subdirective "rate"`, "allowed: match, key, algorithm, limit (alias events), window, burst, cost, min_interval, tier, override, lease, shadow, fail, ipv4_prefix, ipv6_prefix"}},
-		{"missing limit", policy("window 1s"), 2, []string{"policy p: limit is required", "alias `events`"}},
-		{"missing window", policy("limit 5"), 2, []string{"policy p: window is required for algorithm sliding_window", "only concurrency"}},
-		{"missing window token_bucket", policy("limit 5\nalgorithm token_bucket"), 2, []string{"window is required for algorithm token_bucket"}},
-		{"zone missing window", "rate_limit {\n zone z {\n  events 5\n }\n}", 2, []string{"zone z: window is required"}},
-		{"empty policy", "rate_limit {\n policy p\n}", 2, []string{"policy p: limit is required"}},
-		{"limit zero", policy("limit 0\nwindow 1s"), 3, []string{"policy p: limit: 0 is out of range (want an integer from 1 to 9007199254740991)"}},
+		{"policy unknown subdirective", policy("limit 1\nwindow 1s\nrate 5"), 5, []string{`policy p: unknown subdirective "rate"`, "allowed: match, key, algorithm, limit (alias events), window, burst, cost, min_interval, tier, tenant_limit, override, lease, shadow, fail, ipv4_prefix, ipv6_prefix"}},
+		{"missing limit", policy("window 1s"), 2, []string{"policy p: limit: must be set to an integer from 1 to 9007199254740991"}},
+		{"missing window", policy("limit 5"), 2, []string{"policy p: window: required for algorithm sliding_window (only concurrency takes none)"}},
+		{"missing window token_bucket", policy("limit 5\nalgorithm token_bucket"), 2, []string{"window: required for algorithm token_bucket"}},
+		{"zone missing window", "rate_limit {\n zone z {\n  events 5\n }\n}", 2, []string{"zone z: window: required"}},
+		{"empty policy", "rate_limit {\n policy p\n}", 2, []string{"policy p: limit: must be set to"}},
+		{"limit zero", policy("limit 0\nwindow 1s"), 3, []string{"policy p: limit: must be set to an integer from 1 to 9007199254740991"}},
 		{"limit negative", policy("limit -5\nwindow 1s"), 3, []string{"limit: -5 is out of range"}},
 		{"limit not integer", policy("limit 1.5\nwindow 1s"), 3, []string{`limit: "1.5" is not a valid integer (want an integer from 1 to 9007199254740991)`}},
 		{"events twice", policy("events 1\nlimit 2\nwindow 1s"), 4, []string{"limit: already specified as events at line 3 (events and limit are the same setting)"}},
@@ -474,21 +474,21 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"window too long", policy("limit 1\nwindow 400d"), 4, []string{"window: 9600h0m0s is out of range (allowed: 1ms to 366d)"}},
 		{"algorithm unknown", policy("algorithm leaky_bucket\nlimit 1\nwindow 1s"), 3, []string{`algorithm: "leaky_bucket": unknown (allowed: token_bucket, gcra, sliding_window, fixed_window, sliding_log, concurrency)`}},
 		{"algorithm no arg", policy("algorithm"), 3, []string{"usage: algorithm token_bucket|gcra|sliding_window|fixed_window|sliding_log|concurrency"}},
-		{"burst zero", policy("algorithm token_bucket\nlimit 1\nwindow 1s\nburst 0"), 6, []string{"burst: 0 is out of range"}},
-		{"burst on sliding_window", policy("limit 1\nwindow 1s\nburst 5"), 5, []string{"policy p: burst applies only to token_bucket and gcra, not sliding_window"}},
-		{"burst before algorithm fixed_window", policy("burst 5\nlimit 1\nwindow 1s\nalgorithm fixed_window"), 3, []string{"burst applies only to token_bucket and gcra, not fixed_window"}},
-		{"tier burst on sliding_log", policy("algorithm sliding_log\nlimit 1\nwindow 1s\ntier gold 5 burst 7"), 6, []string{"tier gold: burst applies only to token_bucket and gcra, not sliding_log"}},
-		{"override burst on concurrency", policy("limit 1\noverride acme 5 burst 7\nalgorithm concurrency"), 4, []string{"override acme: burst applies only to token_bucket and gcra, not concurrency"}},
-		{"min_interval on token_bucket", policy("algorithm token_bucket\nlimit 1\nwindow 1s\nmin_interval 1s"), 6, []string{"min_interval applies only to sliding_log, not token_bucket"}},
-		{"min_interval default algorithm", policy("min_interval 1s\nlimit 1\nwindow 1s"), 3, []string{"min_interval applies only to sliding_log, not sliding_window"}},
+		{"burst negative", policy("algorithm token_bucket\nlimit 1\nwindow 1s\nburst -3"), 6, []string{"policy p: burst: -3 is out of range (allowed: 0 to 9007199254740991)"}},
+		{"burst on sliding_window", policy("limit 1\nwindow 1s\nburst 5"), 5, []string{"policy p: burst: applies only to token_bucket and gcra, not sliding_window"}},
+		{"burst before algorithm fixed_window", policy("burst 5\nlimit 1\nwindow 1s\nalgorithm fixed_window"), 3, []string{"burst: applies only to token_bucket and gcra, not fixed_window"}},
+		{"tier burst on sliding_log", policy("algorithm sliding_log\nlimit 1\nwindow 1s\ntier gold 5 burst 7"), 6, []string{"policy p: tier gold: burst: applies only to token_bucket and gcra, not sliding_log"}},
+		{"override burst on concurrency", policy("limit 1\noverride acme 5 burst 7\nalgorithm concurrency"), 4, []string{"policy p: override acme: burst: applies only to token_bucket and gcra, not concurrency"}},
+		{"min_interval on token_bucket", policy("algorithm token_bucket\nlimit 1\nwindow 1s\nmin_interval 1s"), 6, []string{"min_interval: applies only to sliding_log, not token_bucket"}},
+		{"min_interval default algorithm", policy("min_interval 1s\nlimit 1\nwindow 1s"), 3, []string{"min_interval: applies only to sliding_log, not sliding_window"}},
 		{"min_interval bad", policy("min_interval later"), 3, []string{`min_interval: "later" is not a valid duration`}},
 		{"lease on sliding_log", policy("algorithm sliding_log\nlimit 1\nwindow 1s\nlease 5"), 6, []string{"lease", "sliding_log cannot lease units"}},
 		{"lease on concurrency", policy("lease 5 1s\nalgorithm concurrency\nlimit 1"), 3, []string{"concurrency cannot lease units"}},
 		{"cost negative", policy("limit 1\nwindow 1s\ncost -1"), 5, []string{"policy p: cost: -1 is out of range (allowed: 0 to 9007199254740991)"}},
-		{"cost word", policy("limit 1\nwindow 1s\ncost heavy"), 5, []string{`cost: "heavy": want a non-negative integer or a placeholder`}},
+		{"cost word", policy("limit 1\nwindow 1s\ncost heavy"), 5, []string{`cost: "heavy": want an integer from 0 to 9007199254740991 or a placeholder`}},
 		{"fail bad policy", policy("limit 1\nwindow 1s\nfail soft"), 5, []string{`policy p: fail: "soft": unknown value (allowed: open, closed, local)`}},
-		{"ipv4_prefix too big", policy("limit 1\nwindow 1s\nipv4_prefix 33"), 5, []string{"ipv4_prefix: 33 is out of range (want an integer from 0 to 32)"}},
-		{"ipv6_prefix too big", policy("limit 1\nwindow 1s\nipv6_prefix 129"), 5, []string{"ipv6_prefix: 129 is out of range (want an integer from 0 to 128)"}},
+		{"ipv4_prefix too big", policy("limit 1\nwindow 1s\nipv4_prefix 33"), 5, []string{"ipv4_prefix: 33 is out of range (allowed: 0 to 32)"}},
+		{"ipv6_prefix too big", policy("limit 1\nwindow 1s\nipv6_prefix 129"), 5, []string{"ipv6_prefix: 129 is out of range (allowed: 0 to 128)"}},
 		{"ipv6_prefix negative", policy("limit 1\nwindow 1s\nipv6_prefix -1"), 5, []string{"ipv6_prefix: -1 is out of range"}},
 		{"key twice", policy("key a\nkey b"), 4, []string{"key already specified at line 3"}},
 		{"key no arg", policy("key"), 3, []string{"key: wrong number of arguments (0)"}},
@@ -497,15 +497,15 @@ func TestCaddyfileErrors(t *testing.T) {
 
 		// tier / override
 		{"tier one arg", policy("tier gold"), 3, []string{"tier: wrong number of arguments (1)", "usage: tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited"}},
-		{"limit above 2^53-1", policy("limit 100000000000000000\nwindow 1s"), 3, []string{"policy p: limit: 100000000000000000 is out of range (want an integer from 1 to 9007199254740991)"}},
-		{"burst above 2^53-1", policy("algorithm gcra\nlimit 1\nwindow 1s\nburst 9007199254740992"), 6, []string{"policy p: burst: 9007199254740992 is out of range (want an integer from 1 to 9007199254740991)"}},
+		{"limit above 2^53-1", policy("limit 100000000000000000\nwindow 1s"), 3, []string{"policy p: limit: 100000000000000000 is out of range (allowed: 1 to 9007199254740991)"}},
+		{"burst above 2^53-1", policy("algorithm gcra\nlimit 1\nwindow 1s\nburst 9007199254740992"), 6, []string{"policy p: burst: 9007199254740992 is out of range (allowed: 0 to 9007199254740991)"}},
 		{"window 1ns", policy("limit 1\nwindow 1ns"), 4, []string{"policy p: window: 1ns is out of range (allowed: 1ms to 366d)"}},
 		{"cost above 2^53-1", policy("limit 1\nwindow 1s\ncost 9007199254740993"), 5, []string{"policy p: cost: 9007199254740993 is out of range (allowed: 0 to 9007199254740991)"}},
 		{"min_interval too long", policy("algorithm sliding_log\nlimit 1\nwindow 1s\nmin_interval 400d"), 6, []string{"policy p: min_interval: 9600h0m0s is out of range (allowed: 0 to 366d)"}},
-		{"tier limit above 2^53-1", policy("tier gold 9007199254740992"), 3, []string{"policy p: tier: 9007199254740992 is out of range (want an integer from 1 to 9007199254740991, or unlimited)"}},
-		{"override window below 1ms", policy("override acme 5 100us"), 3, []string{"policy p: override: 100µs is out of range (allowed: 1ms to 366d)"}},
-		{"lease ttl below 1ms", withPolicy("lease 5 10us"), 2, []string{"lease: 10µs is out of range (allowed: 1ms to 366d)"}},
-		{"tier zero", policy("tier gold 0"), 3, []string{"tier: 0 is out of range (want an integer from 1 to 9007199254740991, or unlimited)"}},
+		{"tier limit above 2^53-1", policy("limit 1\nwindow 1s\ntier gold 9007199254740992"), 5, []string{"policy p: tier gold: 9007199254740992 is out of range (allowed: 1 to 9007199254740991)"}},
+		{"override window below 1ms", policy("limit 1\nwindow 1s\noverride acme 5 100us"), 5, []string{"policy p: override acme: window: 100µs is out of range (allowed: 1ms to 366d)"}},
+		{"lease ttl below 1ms", withPolicy("lease 5 10us"), 2, []string{"lease: ttl: 10µs is out of range (allowed: 1ms to 366d)"}},
+		{"tier zero", policy("limit 1\nwindow 1s\ntier gold 0"), 5, []string{"policy p: tier gold: must be set to an integer from 1 to 9007199254740991, or unlimited"}},
 		{"tier word", policy("tier gold lots"), 3, []string{`tier: "lots" is not a valid integer (want an integer from 1 to 9007199254740991, or unlimited)`}},
 		{"tier bad window", policy("tier gold 5 later"), 3, []string{`tier: "later" is not a valid duration`}},
 		{"tier bad option", policy("tier gold 5 shadow later"), 3, []string{`tier: "later" is not a valid duration`}},
@@ -513,14 +513,16 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"tier burst missing value", policy("tier gold 5 1m burst"), 3, []string{"burst must be given once, with a value"}},
 		{"tier burst twice", policy("tier gold 5 burst 1 burst 2"), 3, []string{"burst must be given once"}},
 		{"tier shadow twice", policy("tier gold 5 shadow shadow"), 3, []string{"shadow given twice"}},
-		{"tier burst zero", policy("tier gold 5 burst 0"), 3, []string{"tier: 0 is out of range"}},
+		{"tier burst negative", policy("algorithm gcra\nlimit 1\nwindow 1s\ntier gold 5 burst -1"), 6, []string{"policy p: tier gold: burst: -1 is out of range (allowed: 0 to 9007199254740991)"}},
 		{"tier unlimited extra", policy("tier gold unlimited shadow"), 3, []string{"nothing may follow unlimited"}},
 		{"tier duplicate", policy("limit 1\nwindow 1s\ntier gold 5\ntier gold 6"), 6, []string{`tier: "gold" already specified at line 5`}},
 		{"tier too many", policy("tier gold 5 1m burst 6 shadow extra"), 3, []string{"tier: wrong number of arguments (7)"}},
-		{"tier empty name", policy(`tier "" 5`), 3, []string{"tier: name must not be empty"}},
-		{"tier window too long", policy("tier gold 5 9000h"), 3, []string{"tier: 9000h0m0s is out of range (allowed: 1ms to 366d)"}},
+		{"tier empty name", policy("limit 1\nwindow 1s\n" + `tier "" 5`), 5, []string{"policy p: tier : the name must not be empty"}},
+		{"tier window too long", policy("limit 1\nwindow 1s\ntier gold 5 9000h"), 5, []string{"policy p: tier gold: window: 9000h0m0s is out of range (allowed: 1ms to 366d)"}},
 		{"override duplicate", policy("limit 1\nwindow 1s\noverride acme 5\noverride acme unlimited"), 6, []string{`override: "acme" already specified at line 5`}},
-		{"override bad", policy("override acme -5"), 3, []string{"override: -5 is out of range"}},
+		{"override bad", policy("limit 1\nwindow 1s\noverride acme -5"), 5, []string{"policy p: override acme: -5 is out of range (allowed: 1 to 9007199254740991)"}},
+		{"tenant_limit bad", policy("limit 1\nwindow 1s\ntenant_limit acme 0"), 5, []string{"policy p: tenant_limit acme: must be set to an integer from 1 to 9007199254740991, or unlimited"}},
+		{"tenant_limit and override of one tenant", policy("limit 1\nwindow 1s\ntenant_limit acme 5\noverride acme 6"), 6, []string{`policy p: override acme: tenant "acme" is also in tenant_limits`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -54,7 +54,13 @@ type PolicyConfig struct {
 	// `tenant_tiers`, else its `tier` placeholder.
 	Tiers map[string]*LimitConfig `json:"tiers,omitempty"`
 
-	// Limits per tenant; they win over tiers.
+	// Limits of single tenants (Caddyfile: tenant_limit <tenant> ...); they
+	// win over tiers. Runtime overrides set through the admin API win over
+	// these.
+	TenantLimits map[string]*LimitConfig `json:"tenant_limits,omitempty"`
+
+	// The older name of tenant_limits (Caddyfile: override <tenant> ...),
+	// still accepted; a tenant may be in one of the two only.
 	Overrides map[string]*LimitConfig `json:"overrides,omitempty"`
 
 	// Local lease of prefetched units for this policy; overrides the
@@ -77,7 +83,7 @@ type PolicyConfig struct {
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 }
 
-// LimitConfig is a tier's or a tenant override's limit inside a policy.
+// LimitConfig is a tier's or a tenant's limit inside a policy.
 type LimitConfig struct {
 	// Units per window. Required unless unlimited.
 	MaxEvents int64 `json:"max_events,omitempty"`

@@ -54,7 +54,7 @@ func FuzzParseCaddyfile(f *testing.F) {
 			}
 			return
 		}
-		if err := h.validateConfig(); err != nil {
+		if _, err := h.validateConfig(); err != nil {
 			t.Fatalf("Caddyfile accepted what validateConfig rejects: %v\ninput:\n%q", err, input)
 		}
 		raw, err := json.Marshal(&h)
@@ -65,7 +65,7 @@ func FuzzParseCaddyfile(f *testing.F) {
 		if err := json.Unmarshal(raw, &back); err != nil {
 			t.Fatalf("unmarshal %s: %v", raw, err)
 		}
-		if err := back.validateConfig(); err != nil {
+		if _, err := back.validateConfig(); err != nil {
 			t.Fatalf("JSON round trip breaks validation: %v\n%s", err, raw)
 		}
 	})

@@ -25,9 +25,6 @@ func provisionHandler(tb testing.TB, cfg string) *Handler {
 	if err := h.Provision(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	if err := h.Validate(); err != nil {
-		tb.Fatal(err)
-	}
 	tb.Cleanup(func() { h.Cleanup() })
 	return &h
 }

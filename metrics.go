@@ -34,10 +34,10 @@ const (
 )
 
 // decision is the decision label of caddy_rate_limit_requests_total.
-type decision uint8
+type decisionLabel uint8
 
 const (
-	decisionAllowed decision = iota
+	decisionAllowed decisionLabel = iota
 	decisionDenied
 	decisionShadowDenied
 	decisionFailedOpen
@@ -58,10 +58,10 @@ var decisionNames = [numDecisions]string{
 }
 
 // source is the source label of caddy_rate_limit_decision_duration_seconds.
-type source uint8
+type sourceLabel uint8
 
 const (
-	sourceMemory source = iota
+	sourceMemory sourceLabel = iota
 	sourceRedis
 	sourceLease
 	sourceCache
@@ -248,7 +248,7 @@ type policyMetrics struct {
 func (pm *policyMetrics) init(index int, p *limiter.Policy, redis bool) {
 	pm.index = index
 	name := p.Name
-	for _, d := range []decision{decisionAllowed, decisionDenied, decisionShadowDenied} {
+	for _, d := range []decisionLabel{decisionAllowed, decisionDenied, decisionShadowDenied} {
 		pm.requests[d] = collectors.requests.WithLabelValues(name, decisionNames[d])
 	}
 	if !redis {
@@ -272,7 +272,7 @@ func (pm *policyMetrics) init(index int, p *limiter.Policy, redis bool) {
 	}
 }
 
-func (pm *policyMetrics) record(policy string, d decision, s source, secs float64) {
+func (pm *policyMetrics) record(policy string, d decisionLabel, s sourceLabel, secs float64) {
 	if c := pm.requests[d]; c != nil {
 		c.Inc()
 	} else {
@@ -286,7 +286,7 @@ func (pm *policyMetrics) record(policy string, d decision, s source, secs float6
 }
 
 // classify maps a counted verdict to its decision and source labels.
-func classify(v *limiter.Verdict, redis bool) (decision, source) {
+func classify(v *limiter.Verdict, redis bool) (decisionLabel, sourceLabel) {
 	switch v.Path {
 	case limiter.PathFailedOpen:
 		return decisionFailedOpen, sourceRedis
@@ -487,7 +487,7 @@ func newTenantTracker(n int, policies []string) *tenantTracker {
 
 // counter returns the child a decision of tenant in policy (by index) is
 // counted in, and counts the tenant's traffic towards the top n.
-func (t *tenantTracker) counter(policy int, tenant string, d decision) prometheus.Counter {
+func (t *tenantTracker) counter(policy int, tenant string, d decisionLabel) prometheus.Counter {
 	var c prometheus.Counter
 	t.top.Observe(tenantLabel(tenant), func(key string, s *tenantSeries) {
 		if s == nil {
@@ -516,7 +516,7 @@ func (t *tenantTracker) release(tenant string, s *tenantSeries) {
 	for p := range s.counters {
 		for d := range s.counters[p] {
 			if s.counters[p][d] != nil {
-				releaseTenantCounter(t.policies[p], tenant, decision(d))
+				releaseTenantCounter(t.policies[p], tenant, decisionLabel(d))
 			}
 		}
 	}
@@ -536,7 +536,7 @@ func (t *tenantTracker) releaseOther() {
 	for p := range t.other {
 		for d := range t.other[p] {
 			if t.other[p][d] != nil {
-				releaseTenantCounter(t.policies[p], otherTenant, decision(d))
+				releaseTenantCounter(t.policies[p], otherTenant, decisionLabel(d))
 				t.other[p][d] = nil
 			}
 		}
@@ -553,17 +553,17 @@ var tenantSeriesRefs = struct {
 
 type tenantSeriesKey struct {
 	policy, tenant string
-	decision       decision
+	decision       decisionLabel
 }
 
-func acquireTenantCounter(policy, tenant string, d decision) prometheus.Counter {
+func acquireTenantCounter(policy, tenant string, d decisionLabel) prometheus.Counter {
 	tenantSeriesRefs.Lock()
 	defer tenantSeriesRefs.Unlock()
 	tenantSeriesRefs.n[tenantSeriesKey{policy, tenant, d}]++
 	return collectors.tenantRequests.WithLabelValues(policy, tenant, decisionNames[d])
 }
 
-func releaseTenantCounter(policy, tenant string, d decision) {
+func releaseTenantCounter(policy, tenant string, d decisionLabel) {
 	tenantSeriesRefs.Lock()
 	defer tenantSeriesRefs.Unlock()
 	k := tenantSeriesKey{policy, tenant, d}

@@ -72,7 +72,7 @@ func TestTenantCardinalityBounded(t *testing.T) {
 		tenant := names[zipf.Uint64()]
 		counts[tenant]++
 		p := i % len(policies)
-		tr.counter(p, tenant, decision(i%int(numDecisions))).Inc()
+		tr.counter(p, tenant, decisionLabel(i%int(numDecisions))).Inc()
 		if i%20_000 == 0 {
 			for _, p := range policies {
 				if got := tenantLabelValues(t, p); len(got) > n+1 {

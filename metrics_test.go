@@ -690,8 +690,8 @@ func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
 		v     *limiter.Verdict
 		redis bool
-		dec   decision
-		src   source
+		dec   decisionLabel
+		src   sourceLabel
 	}{
 		{v(limiter.PathStore, false, true), false, decisionAllowed, sourceMemory},
 		{v(limiter.PathStore, false, false), false, decisionDenied, sourceMemory},

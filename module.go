@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
 	"sync/atomic"
 	"time"
 
@@ -94,10 +93,6 @@ type Handler struct {
 	// warning: `redis` supersedes it.
 	StorageRaw json.RawMessage `json:"storage,omitempty"`
 
-	// cfTokens holds the handler's subdirective tokens while the Caddyfile
-	// is parsed (see UnmarshalCaddyfile).
-	cfTokens map[string]caddyfile.Token
-
 	ctx    caddy.Context
 	logger *zap.Logger
 	events *caddyevents.App
@@ -136,7 +131,6 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
-	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 	_ caddyfile.Unmarshaler       = (*Handler)(nil)
@@ -149,19 +143,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.lastStoreWarning = new(atomic.Int64)
 
-	if h.DenialsStream > 0 && h.Redis == nil {
-		return errors.New("denials_stream: needs a redis block (the stream lives in Redis)")
-	}
 	if len(h.Distributed) > 0 {
 		h.logger.Warn("caddy-ratelimit's 'distributed' option is ignored: Tollgate is exact across instances with a 'redis' block")
 	}
 	if len(h.StorageRaw) > 0 {
 		h.logger.Warn("caddy-ratelimit's 'storage' option is ignored: use a 'redis' block to share limits across instances")
 	}
-	if err := h.validateConfig(); err != nil {
+	policies, err := h.validateConfig()
+	if err != nil {
 		return err
 	}
-	if err := h.provisionPolicies(ctx); err != nil {
+	if err := h.provisionPolicies(ctx, policies); err != nil {
 		return err
 	}
 	if err := h.provisionMetrics(ctx); err != nil {
@@ -237,28 +229,14 @@ func (h *Handler) provisionRedis() error {
 	return nil
 }
 
-// provisionPolicies turns rate_limits into runtime policies, in name order
-// so headers and logs are deterministic.
-func (h *Handler) provisionPolicies(ctx caddy.Context) error {
-	names := make([]string, 0, len(h.RateLimits))
-	for name := range h.RateLimits {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	h.policies = make([]*policyRuntime, 0, len(names))
-	for _, name := range names {
+// provisionPolicies pairs the validated policies (in name order, so
+// headers and logs are deterministic) with what the Caddy layer needs to
+// map a request onto them: matchers, key template, cost.
+func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Policy) error {
+	h.policies = make([]*policyRuntime, 0, len(policies))
+	for _, policy := range policies {
+		name := policy.Name
 		pc := h.RateLimits[name]
-		policy, err := buildPolicy(name, pc, h)
-		if err != nil {
-			return err
-		}
-		mode := pc.FailMode
-		if mode == "" {
-			mode = h.FailMode
-		}
-		if policy.FailMode, err = limiter.ParseFailMode(mode); err != nil {
-			return fmt.Errorf("rate_limits.%s: fail_mode: %v", name, err)
-		}
 		rt := &policyRuntime{
 			policy:     policy,
 			key:        pc.Key,
@@ -276,21 +254,16 @@ func (h *Handler) provisionPolicies(ctx caddy.Context) error {
 		if pc.MatcherSetsRaw != nil {
 			mods, err := ctx.LoadModule(pc, "MatcherSetsRaw")
 			if err != nil {
-				return fmt.Errorf("rate_limits.%s: loading matchers: %v", name, err)
+				return fmt.Errorf("rate_limits.%s.match: loading matchers: %v", name, err)
 			}
 			if err := rt.matchers.FromInterface(mods); err != nil {
-				return fmt.Errorf("rate_limits.%s: %v", name, err)
+				return fmt.Errorf("rate_limits.%s.match: %v", name, err)
 			}
 		}
 		rt.precomputeHeaders()
 		h.policies = append(h.policies, rt)
 	}
 	return nil
-}
-
-// Validate checks the configuration as a whole.
-func (h *Handler) Validate() error {
-	return h.validateConfig()
 }
 
 // Cleanup lets go of the shared stores and backend; the last handler to

@@ -15,6 +15,15 @@ import (
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
+// This file is the one place where the rules of a rate_limit configuration
+// live. validateConfig checks every field of a Handler and builds its
+// policies; errors are fieldErrors that name the JSON path of the field at
+// fault and the allowed values. A JSON config gets them as they are; the
+// Caddyfile parser (caddyfile.go) runs the same validator on what it read
+// and maps each path to the line it recorded, so both say the same thing.
+// The numeric domain and what each algorithm accepts come from package
+// limiter (CheckCount, CheckWindow, Algorithm.CheckBurst, ...).
+
 // Allowed values of the enumerated fields ("" always means the default).
 var (
 	missingTenantValues = []string{"shared", "deny"}
@@ -33,259 +42,273 @@ const maxJitter = 100
 // keeps about 4n entries.
 const maxMetricsTenants = 10000
 
+// nameRule describes limiter.ValidName for error messages.
+const nameRule = "use 1-64 letters, digits, '_', '-' or '.'"
+
 // countRange describes the allowed counts from least to limiter.MaxCount.
 func countRange(least int64) string {
 	return fmt.Sprintf("an integer from %d to %d", least, limiter.MaxCount)
 }
 
-// nameRule describes limiter.ValidName for error messages.
-const nameRule = "use 1-64 letters, digits, '_', '-' or '.'"
+// fieldError is a configuration error at a JSON path, e.g.
+// rate_limits.api.max_events. msg says what is wrong and what is allowed.
+type fieldError struct {
+	path []string
+	msg  string
+}
 
-// validateConfig checks every field of h, for JSON configs that never went
-// through the Caddyfile parser (which applies the same rules and names the
-// line instead). Errors name the JSON path and the allowed values.
+func (e *fieldError) Error() string { return strings.Join(e.path, ".") + ": " + e.msg }
+
+// at builds the fieldError of path.
+func at(path []string, format string, args ...any) *fieldError {
+	return &fieldError{path: slices.Clone(path), msg: fmt.Sprintf(format, args...)}
+}
+
+// sub is path with more segments.
+func sub(path []string, more ...string) []string {
+	return append(slices.Clone(path), more...)
+}
+
+// validateConfig checks every field of h and returns its policies in name
+// order, built for the engine. Decisions where the contract is silent:
 //
-// Decisions where the contract is silent:
 //   - At least one policy is required. caddy-ratelimit accepts a handler
-//     without zones, but such a handler does nothing at all, which is
-//     almost certainly a configuration mistake.
+//     without zones, but such a handler does nothing at all.
 //   - A lease set on a sliding_log or concurrency policy is an error (those
-//     algorithms cannot lease, see limiter.Algorithm.SupportsLease); the
-//     handler-level lease is only a default, and policies whose algorithm
-//     cannot lease simply do not inherit it.
+//     algorithms cannot lease); the handler-level lease is only a default,
+//     and policies whose algorithm cannot lease do not inherit it.
 //   - jitter must be a finite number from 0 to maxJitter.
-func (h *Handler) validateConfig() error {
-	if err := checkEnumField("missing_tenant", h.MissingTenant, missingTenantValues); err != nil {
-		return err
+func (h *Handler) validateConfig() ([]*limiter.Policy, error) {
+	if err := h.validateHandler(); err != nil {
+		return nil, err
 	}
-	if err := checkEnumField("headers", h.Headers, headersValues); err != nil {
-		return err
+	if len(h.RateLimits) == 0 {
+		return nil, at([]string{"rate_limits"}, "no policy defined: add at least one policy")
 	}
-	if err := checkEnumField("fail_mode", h.FailMode, failModeValues); err != nil {
-		return err
+	policies := make([]*limiter.Policy, 0, len(h.RateLimits))
+	for _, name := range sortedKeys(h.RateLimits) {
+		p, err := h.validatePolicy(name, h.RateLimits[name])
+		if err != nil {
+			return nil, err
+		}
+		policies = append(policies, p)
 	}
-	if err := checkJitter(h.Jitter); err != nil {
-		return fmt.Errorf("jitter: %w", err)
+	return policies, nil
+}
+
+// validateHandler checks the handler-level fields.
+func (h *Handler) validateHandler() error {
+	for _, e := range []struct {
+		field, value string
+		allowed      []string
+	}{
+		{"missing_tenant", h.MissingTenant, missingTenantValues},
+		{"headers", h.Headers, headersValues},
+		{"fail_mode", h.FailMode, failModeValues},
+	} {
+		if err := checkEnum([]string{e.field}, e.value, e.allowed); err != nil {
+			return err
+		}
 	}
-	if h.DenialsStream < 0 {
-		return fmt.Errorf("denials_stream: %d: must not be negative (0 disables the stream)", h.DenialsStream)
+	if j := h.Jitter; math.IsNaN(j) || j < 0 || j > maxJitter {
+		return at([]string{"jitter"}, "%v: want a fraction from 0 to %d (0.2 adds up to 20%% to Retry-After)", j, maxJitter)
 	}
-	if h.MetricsTenants < 0 || h.MetricsTenants > maxMetricsTenants {
-		return fmt.Errorf("metrics_tenants: %d is out of range (allowed: 0 to %d; 0 disables per-tenant series)", h.MetricsTenants, maxMetricsTenants)
-	}
-	if h.SweepInterval < 0 {
-		return fmt.Errorf("sweep_interval: %s: must not be negative", time.Duration(h.SweepInterval))
+	switch {
+	case h.DenialsStream < 0:
+		return at([]string{"denials_stream"}, "%d: must not be negative (0 disables the stream)", h.DenialsStream)
+	case h.DenialsStream > 0 && h.Redis == nil:
+		return at([]string{"denials_stream"}, "needs a redis block (the stream lives in Redis)")
+	case h.MetricsTenants < 0 || h.MetricsTenants > maxMetricsTenants:
+		return at([]string{"metrics_tenants"}, "%d is out of range (allowed: 0 to %d; 0 disables per-tenant series)", h.MetricsTenants, maxMetricsTenants)
+	case h.SweepInterval < 0:
+		return at([]string{"sweep_interval"}, "%s: must not be negative", time.Duration(h.SweepInterval))
 	}
 	for _, tenant := range sortedKeys(h.TenantTiers) {
 		if tenant == "" || h.TenantTiers[tenant] == "" {
-			return fmt.Errorf("tenant_tiers: %q: %q: tenant and tier must not be empty", tenant, h.TenantTiers[tenant])
+			return at([]string{"tenant_tiers", tenant}, "tenant and tier must not be empty (tier %q)", h.TenantTiers[tenant])
 		}
 	}
-	if err := checkLease("lease", h.Lease); err != nil {
+	if err := checkLease([]string{"lease"}, h.Lease); err != nil {
 		return err
 	}
 	if h.Redis != nil {
-		if err := h.Redis.validate(); err != nil {
-			return err
-		}
-	}
-	if len(h.RateLimits) == 0 {
-		return errors.New("rate_limits: no policy defined: add at least one policy")
-	}
-	for _, name := range sortedKeys(h.RateLimits) {
-		if err := validatePolicy(name, h.RateLimits[name], h); err != nil {
-			return err
-		}
+		return h.Redis.validate([]string{"redis"})
 	}
 	return nil
 }
 
-// validatePolicy checks the policy rate_limits.<name>.
-func validatePolicy(name string, pc *PolicyConfig, h *Handler) error {
-	path := "rate_limits." + name
+// validatePolicy checks the policy rate_limits.<name> and builds it.
+func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy, error) {
+	path := []string{"rate_limits", name}
 	if !limiter.ValidName(name) {
-		return fmt.Errorf("rate_limits: policy name %q: %s", name, nameRule)
+		return nil, at(path, "invalid policy name %q: %s", name, nameRule)
 	}
 	if pc == nil {
-		return fmt.Errorf("%s: policy is null", path)
+		return nil, at(path, "policy is null")
 	}
 	alg, err := limiter.ParseAlgorithm(pc.Algorithm)
 	if err != nil {
-		return fmt.Errorf("%s: algorithm %q: unknown (allowed: %s)", path, pc.Algorithm, limiter.AlgorithmNames)
+		return nil, at(sub(path, "algorithm"), "%q: unknown (allowed: %s)", pc.Algorithm, limiter.AlgorithmNames)
 	}
 	if pc.MaxEvents == 0 {
-		return fmt.Errorf("%s.max_events: required (%s)", path, countRange(1))
+		return nil, at(sub(path, "max_events"), "must be set to %s", countRange(1))
 	}
 	if err := limiter.CheckCount(pc.MaxEvents, 1); err != nil {
-		return fmt.Errorf("%s.max_events: %w", path, err)
+		return nil, at(sub(path, "max_events"), "%v", err)
 	}
-	if err := checkPolicyWindow(path, pc.Window, alg); err != nil {
-		return err
+	if pc.Window == 0 && alg != limiter.Concurrency {
+		return nil, at(sub(path, "window"), "required for algorithm %s (only concurrency takes none)", alg)
 	}
-	if err := checkBurst(path, pc.Burst, alg); err != nil {
-		return err
+	if err := checkWindow(sub(path, "window"), pc.Window); err != nil {
+		return nil, err
 	}
-	if err := checkCost(pc.Cost); err != nil {
-		return fmt.Errorf("%s.%w", path, err)
+	if err := checkBurst(sub(path, "burst"), pc.Burst, alg); err != nil {
+		return nil, err
+	}
+	if err := checkCost(sub(path, "cost"), pc.Cost); err != nil {
+		return nil, err
 	}
 	if err := limiter.CheckInterval(time.Duration(pc.MinInterval)); err != nil {
-		return fmt.Errorf("%s.min_interval: %w", path, err)
+		return nil, at(sub(path, "min_interval"), "%v", err)
 	}
-	if pc.MinInterval > 0 && alg != limiter.SlidingLog {
-		return fmt.Errorf("%s.min_interval: %s", path, minIntervalMisuse(alg))
+	if err := alg.CheckMinInterval(time.Duration(pc.MinInterval)); err != nil {
+		return nil, at(sub(path, "min_interval"), "%v", err)
 	}
-	for _, rules := range []struct {
+	for _, group := range []struct {
 		field string
 		m     map[string]*LimitConfig
-	}{{"tiers", pc.Tiers}, {"overrides", pc.Overrides}} {
-		for _, k := range sortedKeys(rules.m) {
-			if err := checkLimitConfig(fmt.Sprintf("%s.%s.%s", path, rules.field, k), k, rules.m[k], alg); err != nil {
-				return err
+	}{{"tiers", pc.Tiers}, {"tenant_limits", pc.TenantLimits}, {"overrides", pc.Overrides}} {
+		for _, k := range sortedKeys(group.m) {
+			if err := checkLimitConfig(sub(path, group.field, k), k, group.m[k], alg); err != nil {
+				return nil, err
 			}
 		}
 	}
-	if err := checkLease(path+".lease", pc.Lease); err != nil {
-		return err
+	tenantLimits, err := pc.tenantLimits(path)
+	if err != nil {
+		return nil, err
 	}
-	if pc.Lease != nil && pc.Lease.MaxTokens > 0 && !alg.SupportsLease() {
-		return fmt.Errorf("%s.lease: %s", path, leaseMisuse(alg))
+	if err := checkLease(sub(path, "lease"), pc.Lease); err != nil {
+		return nil, err
 	}
-	if err := checkEnumField(path+".fail_mode", pc.FailMode, failModeValues); err != nil {
-		return err
+	if pc.Lease != nil {
+		if err := alg.CheckLease(pc.Lease.MaxTokens); err != nil {
+			return nil, at(sub(path, "lease"), "%v", err)
+		}
+	}
+	if err := checkEnum(sub(path, "fail_mode"), pc.FailMode, failModeValues); err != nil {
+		return nil, err
 	}
 	if pc.IPv4Prefix < 0 || pc.IPv4Prefix > 32 {
-		return fmt.Errorf("%s.ipv4_prefix: %d: must be from 0 to 32", path, pc.IPv4Prefix)
+		return nil, at(sub(path, "ipv4_prefix"), "%d is out of range (allowed: 0 to 32)", pc.IPv4Prefix)
 	}
 	if pc.IPv6Prefix < 0 || pc.IPv6Prefix > 128 {
-		return fmt.Errorf("%s.ipv6_prefix: %d: must be from 0 to 128", path, pc.IPv6Prefix)
+		return nil, at(sub(path, "ipv6_prefix"), "%d is out of range (allowed: 0 to 128)", pc.IPv6Prefix)
 	}
-	if _, err := buildPolicy(name, pc, h); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
+	return buildPolicy(name, pc, alg, tenantLimits, h), nil
 }
 
-// checkLimitConfig checks one tier or override at path.
-func checkLimitConfig(path, name string, lc *LimitConfig, alg limiter.Algorithm) error {
+// tenantLimits merges tenant_limits with overrides, their older spelling,
+// refusing a tenant given in both.
+func (pc *PolicyConfig) tenantLimits(path []string) (map[string]*LimitConfig, error) {
+	if len(pc.Overrides) == 0 {
+		return pc.TenantLimits, nil
+	}
+	if len(pc.TenantLimits) == 0 {
+		return pc.Overrides, nil
+	}
+	out := make(map[string]*LimitConfig, len(pc.TenantLimits)+len(pc.Overrides))
+	for k, v := range pc.TenantLimits {
+		out[k] = v
+	}
+	for _, k := range sortedKeys(pc.Overrides) {
+		if _, dup := out[k]; dup {
+			return nil, at(sub(path, "overrides", k), "tenant %q is also in tenant_limits (overrides is the older name of tenant_limits: use one)", k)
+		}
+		out[k] = pc.Overrides[k]
+	}
+	return out, nil
+}
+
+// checkLimitConfig checks one tier or tenant limit at path.
+func checkLimitConfig(path []string, name string, lc *LimitConfig, alg limiter.Algorithm) error {
 	switch {
 	case name == "":
-		return fmt.Errorf("%s: the name must not be empty", path)
+		return at(path, "the name must not be empty")
 	case lc == nil:
-		return fmt.Errorf("%s: is null", path)
+		return at(path, "is null")
 	case lc.Unlimited:
 		if lc.MaxEvents != 0 || lc.Window != 0 || lc.Burst != 0 {
-			return fmt.Errorf("%s: unlimited excludes max_events, window and burst", path)
+			return at(path, "unlimited excludes max_events, window and burst")
 		}
 		return nil
 	case lc.MaxEvents == 0:
-		return fmt.Errorf("%s.max_events: required (%s), or set unlimited", path, countRange(1))
+		return at(sub(path, "max_events"), "must be set to %s, or unlimited", countRange(1))
 	}
 	if err := limiter.CheckCount(lc.MaxEvents, 1); err != nil {
-		return fmt.Errorf("%s.max_events: %w", path, err)
+		return at(sub(path, "max_events"), "%v", err)
 	}
-	if lc.Window != 0 {
-		if err := limiter.CheckWindow(time.Duration(lc.Window)); err != nil {
-			return fmt.Errorf("%s.window: %w (0 means the policy's window)", path, err)
-		}
+	if err := checkWindow(sub(path, "window"), lc.Window); err != nil {
+		return err
 	}
-	return checkBurst(path, lc.Burst, alg)
+	return checkBurst(sub(path, "burst"), lc.Burst, alg)
 }
 
-// checkPolicyWindow checks a policy's own window.
-func checkPolicyWindow(path string, w caddy.Duration, alg limiter.Algorithm) error {
-	if w == 0 && alg != limiter.Concurrency {
-		return fmt.Errorf("%s.window: required for algorithm %s (only concurrency takes none)", path, alg)
-	}
+// checkWindow checks a window at path; 0 is allowed (absent: the default).
+func checkWindow(path []string, w caddy.Duration) error {
 	if w == 0 {
 		return nil
 	}
 	if err := limiter.CheckWindow(time.Duration(w)); err != nil {
-		return fmt.Errorf("%s.window: %w", path, err)
+		return at(path, "%v", err)
 	}
 	return nil
 }
 
-// checkBurst checks the burst at path.
-func checkBurst(path string, burst int64, alg limiter.Algorithm) error {
+// checkBurst checks a burst at path.
+func checkBurst(path []string, burst int64, alg limiter.Algorithm) error {
 	if err := limiter.CheckCount(burst, 0); err != nil {
-		return fmt.Errorf("%s.burst: %w (0 means the limit)", path, err)
+		return at(path, "%v", err)
 	}
-	if burst > 0 && !alg.UsesBurst() {
-		return fmt.Errorf("%s.burst: %s", path, burstMisuse(alg))
+	if err := alg.CheckBurst(burst); err != nil {
+		return at(path, "%v", err)
 	}
 	return nil
 }
 
-func burstMisuse(alg limiter.Algorithm) string {
-	return fmt.Sprintf("burst applies only to token_bucket and gcra, not %s", alg)
-}
-
-func minIntervalMisuse(alg limiter.Algorithm) string {
-	return fmt.Sprintf("min_interval applies only to sliding_log, not %s", alg)
-}
-
-func leaseMisuse(alg limiter.Algorithm) string {
-	return fmt.Sprintf("%s cannot lease units (every request must reach the store); remove lease or use lease 0", alg)
-}
-
-// checkCost accepts an empty cost (1), a non-negative integer or a
-// placeholder. The error starts with "cost".
-func checkCost(c Cost) error {
+// checkCost accepts an empty cost (1), an integer of the numeric domain or
+// a placeholder.
+func checkCost(path []string, c Cost) error {
 	if n, ok := c.constant(); ok {
 		if err := limiter.CheckCount(n, 0); err != nil {
-			return fmt.Errorf("cost: %w", err)
+			return at(path, "%v", err)
 		}
 		return nil
 	}
 	s := string(c)
 	if i := strings.IndexByte(s, '{'); i < 0 || !strings.Contains(s[i:], "}") {
-		return fmt.Errorf("cost: %q: want a non-negative integer or a placeholder such as {http.request.header.X-Cost}", s)
+		return at(path, "%q: want an integer from 0 to %d or a placeholder such as {http.request.header.X-Cost}", s, limiter.MaxCount)
 	}
 	return nil
 }
 
 // checkLease checks a lease at path.
-func checkLease(path string, lc *LeaseConfig) error {
+func checkLease(path []string, lc *LeaseConfig) error {
 	if lc == nil {
 		return nil
 	}
 	if err := limiter.CheckCount(lc.MaxTokens, 0); err != nil {
-		return fmt.Errorf("%s.max_tokens: %w; 0 disables leasing", path, err)
+		return at(sub(path, "max_tokens"), "%v; 0 disables leasing", err)
 	}
-	if lc.TTL != 0 {
-		if err := limiter.CheckWindow(time.Duration(lc.TTL)); err != nil {
-			return fmt.Errorf("%s.ttl: %w (0 means 1s)", path, err)
-		}
-	}
-	return nil
+	return checkWindow(sub(path, "ttl"), lc.TTL)
 }
 
-// checkJitter accepts a finite fraction from 0 to maxJitter.
-func checkJitter(j float64) error {
-	if math.IsNaN(j) || j < 0 || j > maxJitter {
-		return fmt.Errorf("%v: want a fraction from 0 to %d (0.2 adds up to 20%% to Retry-After)", j, maxJitter)
-	}
-	return nil
-}
-
-// checkEnum reports whether s is one of allowed.
-func checkEnum(s string, allowed []string) error {
-	if slices.Contains(allowed, s) {
+// checkEnum accepts "" (the default) and the allowed values.
+func checkEnum(path []string, s string, allowed []string) error {
+	if s == "" || slices.Contains(allowed, s) {
 		return nil
 	}
-	return fmt.Errorf("%q: unknown value (allowed: %s)", s, strings.Join(allowed, ", "))
-}
-
-// checkEnumField is checkEnum for the JSON field at path; empty is the
-// default and always allowed.
-func checkEnumField(path, s string, allowed []string) error {
-	if s == "" {
-		return nil
-	}
-	if err := checkEnum(s, allowed); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
+	return at(path, "%q: unknown value (allowed: %s)", s, strings.Join(allowed, ", "))
 }
 
 // checkAddress accepts host:port with a numeric port, host optional
@@ -305,53 +328,47 @@ func checkAddress(addr string) error {
 	return nil
 }
 
-// validate checks the redis block.
-func (rc *RedisConfig) validate() error {
+// validate checks the redis block at path.
+func (rc *RedisConfig) validate(path []string) error {
 	if len(rc.Addresses) == 0 {
-		return errors.New("redis.addresses: at least one host:port is required")
+		return at(sub(path, "addresses"), "at least one host:port is required")
 	}
 	for i, a := range rc.Addresses {
 		if err := checkAddress(a); err != nil {
-			return fmt.Errorf("redis.addresses[%d]: %w", i, err)
+			return at(sub(path, "addresses["+strconv.Itoa(i)+"]"), "%v", err)
 		}
 	}
 	switch {
 	case rc.Cluster && rc.SentinelMaster != "":
-		return errors.New("redis: cluster and sentinel_master are mutually exclusive")
+		return at(path, "cluster mode and a sentinel master are mutually exclusive")
 	case rc.DB < 0:
-		return fmt.Errorf("redis.db: %d: must not be negative", rc.DB)
+		return at(sub(path, "db"), "%d: must not be negative", rc.DB)
 	case rc.Cluster && rc.DB != 0:
-		return fmt.Errorf("redis.db: %d: Redis Cluster has only db 0", rc.DB)
+		return at(sub(path, "db"), "%d: Redis Cluster has only db 0", rc.DB)
 	case rc.PoolSize < 0:
-		return fmt.Errorf("redis.pool_size: %d: must not be negative (0 is the default)", rc.PoolSize)
+		return at(sub(path, "pool_size"), "%d: must not be negative (0 is the default)", rc.PoolSize)
 	case rc.Timeout < 0:
-		return errors.New("redis.timeout: must not be negative (0 is the default, 100ms)")
+		return at(sub(path, "timeout"), "must not be negative (0 is the default, %s)", limiter.DefaultRedisTimeout)
 	case rc.KeyPrefix != "" && !limiter.ValidName(rc.KeyPrefix):
-		return fmt.Errorf("redis.key_prefix: %q: %s", rc.KeyPrefix, nameRule)
+		return at(sub(path, "key_prefix"), "%q: %s", rc.KeyPrefix, nameRule)
 	case rc.BreakerFailures < 0:
-		return fmt.Errorf("redis.breaker_failures: %d: must not be negative (0 is the default, 3)", rc.BreakerFailures)
+		return at(sub(path, "breaker_failures"), "%d: must not be negative (0 is the default, %d)", rc.BreakerFailures, limiter.DefaultBreakerFailures)
 	case rc.BreakerCooldown < 0:
-		return errors.New("redis.breaker_cooldown: must not be negative (0 is the default, 5s)")
+		return at(sub(path, "breaker_cooldown"), "must not be negative (0 is the default, %s)", limiter.DefaultBreakerCooldown)
 	case rc.TLS != nil && (rc.TLS.Cert == "") != (rc.TLS.Key == ""):
-		return errors.New("redis.tls: cert and key must be given together")
+		return at(sub(path, "tls"), "cert and key must be given together")
 	}
 	return nil
 }
 
-// buildPolicy converts the policy named name into the engine's form and
-// validates it. Tiers and overrides default their window to the policy's
-// and their burst to their own limit (not the policy's burst); they inherit
-// the policy's min_interval. A tier or override is shadow when it says so,
-// when its policy is shadow or when the whole handler is (h may be nil).
-func buildPolicy(name string, pc *PolicyConfig, h *Handler) (*limiter.Policy, error) {
-	if pc == nil {
-		return nil, fmt.Errorf("policy %s: is null", name)
-	}
-	alg, err := limiter.ParseAlgorithm(pc.Algorithm)
-	if err != nil {
-		return nil, fmt.Errorf("policy %s: %w", name, err)
-	}
-	shadow := pc.Shadow || (h != nil && h.Shadow)
+// buildPolicy converts a validated policy into the engine's form. Tiers
+// and tenant limits default their window to the policy's and their burst
+// to their own limit (not the policy's burst); they inherit the policy's
+// min_interval. A tier or tenant limit is shadow when it says so, when its
+// policy is shadow or when the whole handler is. The fail mode is the
+// policy's, else the handler's.
+func buildPolicy(name string, pc *PolicyConfig, alg limiter.Algorithm, tenantLimits map[string]*LimitConfig, h *Handler) *limiter.Policy {
+	shadow := pc.Shadow || h.Shadow
 	p := &limiter.Policy{
 		Name:      name,
 		Algorithm: alg,
@@ -366,36 +383,31 @@ func buildPolicy(name string, pc *PolicyConfig, h *Handler) (*limiter.Policy, er
 		},
 	}
 	lc := pc.Lease
-	if lc == nil && h != nil {
+	if lc == nil {
 		lc = h.Lease
 	}
 	if lc != nil && lc.MaxTokens > 0 && alg.SupportsLease() {
 		// The handler's lease is a default: algorithms that cannot lease
-		// do not inherit it (validateConfig rejects it on the policy).
+		// do not inherit it (validatePolicy refuses it on the policy).
 		p.Lease = limiter.Lease{Max: lc.MaxTokens, TTL: time.Duration(lc.TTL)}
 	}
-	if p.Tiers, err = convertLimits(pc.Tiers, p.Limit.Rate, shadow); err != nil {
-		return nil, fmt.Errorf("policy %s: tier %w", name, err)
+	p.Tiers = convertLimits(pc.Tiers, p.Limit.Rate, shadow)
+	p.TenantLimits = convertLimits(tenantLimits, p.Limit.Rate, shadow)
+	mode := pc.FailMode
+	if mode == "" {
+		mode = h.FailMode
 	}
-	if p.Overrides, err = convertLimits(pc.Overrides, p.Limit.Rate, shadow); err != nil {
-		return nil, fmt.Errorf("policy %s: override %w", name, err)
-	}
-	if err := p.Validate(); err != nil {
-		return nil, err
-	}
-	return p, nil
+	p.FailMode, _ = limiter.ParseFailMode(mode) // validated
+	return p
 }
 
-// convertLimits converts tiers or overrides; base is the policy's rate.
-func convertLimits(m map[string]*LimitConfig, base limiter.Rate, shadow bool) (map[string]limiter.Limit, error) {
+// convertLimits converts tiers or tenant limits; base is the policy's rate.
+func convertLimits(m map[string]*LimitConfig, base limiter.Rate, shadow bool) map[string]limiter.Limit {
 	if len(m) == 0 {
-		return nil, nil
+		return nil
 	}
 	out := make(map[string]limiter.Limit, len(m))
 	for k, lc := range m {
-		if lc == nil {
-			return nil, fmt.Errorf("%s: is null", k)
-		}
 		l := limiter.Limit{Unlimited: lc.Unlimited, Shadow: lc.Shadow || shadow}
 		if !lc.Unlimited {
 			l.Rate = limiter.Rate{
@@ -410,7 +422,7 @@ func convertLimits(m map[string]*LimitConfig, base limiter.Rate, shadow bool) (m
 		}
 		out[k] = l
 	}
-	return out, nil
+	return out
 }
 
 // sortedKeys returns the keys of m in order, so errors are deterministic.

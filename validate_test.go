@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -65,7 +63,7 @@ func TestValidateConfigAccepts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := jsonHandler(t, tt.config).validateConfig(); err != nil {
+			if _, err := jsonHandler(t, tt.config).validateConfig(); err != nil {
 				t.Fatalf("validateConfig: %v", err)
 			}
 		})
@@ -83,7 +81,7 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"no policy", `{}`, "rate_limits: no policy defined"},
 		{"empty rate_limits", `{"rate_limits":{}}`, "rate_limits: no policy defined"},
 		{"null policy", `{"rate_limits":{"api":null}}`, "rate_limits.api: policy is null"},
-		{"bad policy name", `{"rate_limits":{"a b":{"max_events":1,"window":"1s"}}}`, `rate_limits: policy name "a b": use 1-64 letters, digits, '_', '-' or '.'`},
+		{"bad policy name", `{"rate_limits":{"a b":{"max_events":1,"window":"1s"}}}`, `rate_limits.a b: invalid policy name "a b": use 1-64 letters, digits, '_', '-' or '.'`},
 		{"missing_tenant", `{"missing_tenant":"allow",` + pol + `}`, `missing_tenant: "allow": unknown value (allowed: shared, deny)`},
 		{"headers", `{"headers":"draft",` + pol + `}`, `headers: "draft": unknown value (allowed: both, ietf, legacy, off)`},
 		{"fail_mode", `{"fail_mode":"soft",` + pol + `}`, `fail_mode: "soft": unknown value (allowed: open, closed, local)`},
@@ -92,7 +90,7 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"denials_stream negative", `{"denials_stream":-1,` + pol + `}`, "denials_stream: -1: must not be negative"},
 		{"metrics_tenants negative", `{"metrics_tenants":-2,` + pol + `}`, "metrics_tenants: -2 is out of range (allowed: 0 to 10000"},
 		{"sweep_interval negative", `{"sweep_interval":"-1s",` + pol + `}`, "sweep_interval: -1s: must not be negative"},
-		{"tenant_tiers empty tier", `{"tenant_tiers":{"acme":""},` + pol + `}`, `tenant_tiers: "acme": "": tenant and tier must not be empty`},
+		{"tenant_tiers empty tier", `{"tenant_tiers":{"acme":""},` + pol + `}`, `tenant_tiers.acme: tenant and tier must not be empty (tier "")`},
 		{"lease negative", `{"lease":{"max_tokens":-1},` + pol + `}`, "lease.max_tokens: -1 is out of range (allowed: 0 to 9007199254740991)"},
 		{"lease ttl negative", `{"lease":{"max_tokens":1,"ttl":"-1s"},` + pol + `}`, "lease.ttl: -1s is out of range (allowed: 1ms to 366d)"},
 
@@ -100,7 +98,7 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"redis bad address", `{"redis":{"addresses":["a:1","redis"]},` + pol + `}`, `redis.addresses[1]: "redis": want host:port`},
 		{"redis bad port", `{"redis":{"addresses":["a:port"]},` + pol + `}`, `redis.addresses[0]: "a:port": want host:port`},
 		{"redis port zero", `{"redis":{"addresses":["a:0"]},` + pol + `}`, `redis.addresses[0]: "a:0": want host:port`},
-		{"redis cluster sentinel", `{"redis":{"addresses":["a:1"],"cluster":true,"sentinel_master":"m"},` + pol + `}`, "redis: cluster and sentinel_master are mutually exclusive"},
+		{"redis cluster sentinel", `{"redis":{"addresses":["a:1"],"cluster":true,"sentinel_master":"m"},` + pol + `}`, "redis: cluster mode and a sentinel master are mutually exclusive"},
 		{"redis db negative", `{"redis":{"addresses":["a:1"],"db":-1},` + pol + `}`, "redis.db: -1: must not be negative"},
 		{"redis cluster db", `{"redis":{"addresses":["a:1"],"cluster":true,"db":1},` + pol + `}`, "redis.db: 1: Redis Cluster has only db 0"},
 		{"redis pool_size", `{"redis":{"addresses":["a:1"],"pool_size":-1},` + pol + `}`, "redis.pool_size: -1: must not be negative"},
@@ -110,23 +108,23 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"redis breaker_cooldown", `{"redis":{"addresses":["a:1"],"breaker_cooldown":"-5s"},` + pol + `}`, "redis.breaker_cooldown: must not be negative"},
 		{"redis tls key only", `{"redis":{"addresses":["a:1"],"tls":{"key":"k"}},` + pol + `}`, "redis.tls: cert and key must be given together"},
 
-		{"algorithm unknown", `{"rate_limits":{"api":{"algorithm":"foo","max_events":1,"window":"1s"}}}`, `rate_limits.api: algorithm "foo": unknown (allowed: token_bucket, gcra, sliding_window, fixed_window, sliding_log, concurrency)`},
-		{"max_events missing", `{"rate_limits":{"api":{"window":"1s"}}}`, "rate_limits.api.max_events: required (an integer from 1 to 9007199254740991)"},
+		{"algorithm unknown", `{"rate_limits":{"api":{"algorithm":"foo","max_events":1,"window":"1s"}}}`, `rate_limits.api.algorithm: "foo": unknown (allowed: token_bucket, gcra, sliding_window, fixed_window, sliding_log, concurrency)`},
+		{"max_events missing", `{"rate_limits":{"api":{"window":"1s"}}}`, "rate_limits.api.max_events: must be set to an integer from 1 to 9007199254740991"},
 		{"max_events negative", `{"rate_limits":{"api":{"max_events":-4,"window":"1s"}}}`, "rate_limits.api.max_events: -4 is out of range (allowed: 1 to 9007199254740991)"},
 		{"window missing", `{"rate_limits":{"api":{"max_events":1}}}`, "rate_limits.api.window: required for algorithm sliding_window (only concurrency takes none)"},
 		{"window negative", `{"rate_limits":{"api":{"max_events":1,"window":"-1s"}}}`, "rate_limits.api.window: -1s is out of range (allowed: 1ms to 366d)"},
 		{"window too long", `{"rate_limits":{"api":{"max_events":1,"window":"10000h"}}}`, "rate_limits.api.window: 10000h0m0s is out of range (allowed: 1ms to 366d)"},
-		{"burst on sliding_window", `{"rate_limits":{"api":{"max_events":1,"window":"1s","burst":5}}}`, "rate_limits.api.burst: burst applies only to token_bucket and gcra, not sliding_window"},
+		{"burst on sliding_window", `{"rate_limits":{"api":{"max_events":1,"window":"1s","burst":5}}}`, "rate_limits.api.burst: applies only to token_bucket and gcra, not sliding_window"},
 		{"burst negative", `{"rate_limits":{"api":{"algorithm":"gcra","max_events":1,"window":"1s","burst":-5}}}`, "rate_limits.api.burst: -5 is out of range (allowed: 0 to 9007199254740991)"},
 		{"cost negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":-2}}}`, "rate_limits.api.cost: -2 is out of range (allowed: 0 to 9007199254740991)"},
-		{"cost word", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":"heavy"}}}`, `rate_limits.api.cost: "heavy": want a non-negative integer or a placeholder`},
+		{"cost word", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":"heavy"}}}`, `rate_limits.api.cost: "heavy": want an integer from 0 to 9007199254740991 or a placeholder`},
 		{"cost fraction", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":1.5}}}`, `rate_limits.api.cost: "1.5"`},
-		{"min_interval wrong algorithm", `{"rate_limits":{"api":{"max_events":1,"window":"1s","min_interval":"1s"}}}`, "rate_limits.api.min_interval: min_interval applies only to sliding_log, not sliding_window"},
+		{"min_interval wrong algorithm", `{"rate_limits":{"api":{"max_events":1,"window":"1s","min_interval":"1s"}}}`, "rate_limits.api.min_interval: applies only to sliding_log, not sliding_window"},
 		{"min_interval negative", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","min_interval":"-1s"}}}`, "rate_limits.api.min_interval: -1s is out of range (allowed: 0 to 366d)"},
 		{"tier null", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":null}}}}`, "rate_limits.api.tiers.gold: is null"},
 		{"tier empty name", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"":{"max_events":1}}}}}`, "rate_limits.api.tiers.: the name must not be empty"},
-		{"tier no max_events", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"window":"1m"}}}}}`, "rate_limits.api.tiers.gold.max_events: required (an integer from 1 to 9007199254740991), or set unlimited"},
-		{"tier burst wrong algorithm", `{"rate_limits":{"api":{"algorithm":"fixed_window","max_events":1,"window":"1s","tiers":{"gold":{"max_events":5,"burst":9}}}}}`, "rate_limits.api.tiers.gold.burst: burst applies only to token_bucket and gcra, not fixed_window"},
+		{"tier no max_events", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"window":"1m"}}}}}`, "rate_limits.api.tiers.gold.max_events: must be set to an integer from 1 to 9007199254740991, or unlimited"},
+		{"tier burst wrong algorithm", `{"rate_limits":{"api":{"algorithm":"fixed_window","max_events":1,"window":"1s","tiers":{"gold":{"max_events":5,"burst":9}}}}}`, "rate_limits.api.tiers.gold.burst: applies only to token_bucket and gcra, not fixed_window"},
 		{"tier unlimited with limit", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"unlimited":true,"max_events":5}}}}}`, "rate_limits.api.tiers.gold: unlimited excludes max_events, window and burst"},
 		{"tier window negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":{"max_events":5,"window":"-1s"}}}}}`, "rate_limits.api.tiers.gold.window: -1s is out of range (allowed: 1ms to 366d)"},
 		{"override window too long", `{"rate_limits":{"api":{"max_events":1,"window":"1s","overrides":{"acme":{"max_events":5,"window":"9000h"}}}}}`, "rate_limits.api.overrides.acme.window: 9000h0m0s is out of range (allowed: 1ms to 366d)"},
@@ -135,8 +133,8 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"lease on concurrency", `{"rate_limits":{"api":{"algorithm":"concurrency","max_events":1,"lease":{"max_tokens":5}}}}`, "rate_limits.api.lease: concurrency cannot lease units"},
 		{"policy lease negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","lease":{"max_tokens":-5}}}}`, "rate_limits.api.lease.max_tokens: -5 is out of range (allowed: 0 to 9007199254740991)"},
 		{"policy fail_mode", `{"rate_limits":{"api":{"max_events":1,"window":"1s","fail_mode":"sometimes"}}}`, `rate_limits.api.fail_mode: "sometimes": unknown value (allowed: open, closed, local)`},
-		{"ipv4_prefix", `{"rate_limits":{"api":{"max_events":1,"window":"1s","ipv4_prefix":33}}}`, "rate_limits.api.ipv4_prefix: 33: must be from 0 to 32"},
-		{"ipv6_prefix", `{"rate_limits":{"api":{"max_events":1,"window":"1s","ipv6_prefix":-1}}}`, "rate_limits.api.ipv6_prefix: -1: must be from 0 to 128"},
+		{"ipv4_prefix", `{"rate_limits":{"api":{"max_events":1,"window":"1s","ipv4_prefix":33}}}`, "rate_limits.api.ipv4_prefix: 33 is out of range (allowed: 0 to 32)"},
+		{"ipv6_prefix", `{"rate_limits":{"api":{"max_events":1,"window":"1s","ipv6_prefix":-1}}}`, "rate_limits.api.ipv6_prefix: -1 is out of range (allowed: 0 to 128)"},
 		{"max_events above 2^53-1", `{"rate_limits":{"api":{"max_events":100000000000000000,"window":"1s"}}}`, "rate_limits.api.max_events: 100000000000000000 is out of range (allowed: 1 to 9007199254740991)"},
 		{"window below 1ms", `{"rate_limits":{"api":{"max_events":1,"window":1}}}`, "rate_limits.api.window: 1ns is out of range (allowed: 1ms to 366d)"},
 		{"burst above 2^53-1", `{"rate_limits":{"api":{"algorithm":"gcra","max_events":1,"window":"1s","burst":9007199254740992}}}`, "rate_limits.api.burst: 9007199254740992 is out of range (allowed: 0 to 9007199254740991)"},
@@ -146,11 +144,13 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"lease above 2^53-1", `{"lease":{"max_tokens":9007199254740992},` + pol + `}`, "lease.max_tokens: 9007199254740992 is out of range (allowed: 0 to 9007199254740991)"},
 		{"metrics_tenants too many", `{"metrics_tenants":2147483647,` + pol + `}`, "metrics_tenants: 2147483647 is out of range (allowed: 0 to 10000"},
 		{"min_interval too long", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","min_interval":"9000h"}}}`, "rate_limits.api.min_interval: 9000h0m0s is out of range (allowed: 0 to 366d)"},
+		{"tenant_limits and overrides of one tenant", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tenant_limits":{"acme":{"max_events":2}},"overrides":{"acme":{"max_events":3}}}}}`, `rate_limits.api.overrides.acme: tenant "acme" is also in tenant_limits (overrides is the older name of tenant_limits: use one)`},
+		{"tenant_limits window", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tenant_limits":{"acme":{"max_events":2,"window":"1ns"}}}}}`, "rate_limits.api.tenant_limits.acme.window: 1ns is out of range"},
 		{"first bad policy in name order", `{"rate_limits":{"b":{"max_events":1},"a":{"window":"1s"}}}`, "rate_limits.a.max_events"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := jsonHandler(t, tt.config).validateConfig()
+			_, err := jsonHandler(t, tt.config).validateConfig()
 			if err == nil {
 				t.Fatalf("validateConfig accepted %s", tt.config)
 			}
@@ -186,7 +186,7 @@ func TestBuildPolicy(t *testing.T) {
 					"max": {Rate: limiter.Rate{Limit: 1000, Window: time.Hour, Burst: 5000}},
 					"vip": {Unlimited: true},
 				},
-				Overrides: map[string]limiter.Limit{
+				TenantLimits: map[string]limiter.Limit{
 					"acme": {Rate: limiter.Rate{Limit: 7, Window: sec(10)}},
 					"root": {Unlimited: true},
 				},
@@ -207,17 +207,17 @@ func TestBuildPolicy(t *testing.T) {
 			name:    "policy shadow reaches tiers and overrides",
 			handler: `{"rate_limits":{"p":{"shadow":true,"max_events":10,"window":"1m","tiers":{"t":{"max_events":5}},"overrides":{"o":{"unlimited":true}}}}}`,
 			want: &limiter.Policy{Name: "p",
-				Limit:     limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}, Shadow: true},
-				Tiers:     map[string]limiter.Limit{"t": {Rate: limiter.Rate{Limit: 5, Window: time.Minute}, Shadow: true}},
-				Overrides: map[string]limiter.Limit{"o": {Unlimited: true, Shadow: true}},
+				Limit:        limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}, Shadow: true},
+				Tiers:        map[string]limiter.Limit{"t": {Rate: limiter.Rate{Limit: 5, Window: time.Minute}, Shadow: true}},
+				TenantLimits: map[string]limiter.Limit{"o": {Unlimited: true, Shadow: true}},
 			},
 		},
 		{
 			name:    "handler shadow reaches everything",
 			handler: `{"shadow":true,"rate_limits":{"p":{"max_events":10,"window":"1m","overrides":{"o":{"max_events":3}}}}}`,
 			want: &limiter.Policy{Name: "p",
-				Limit:     limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}, Shadow: true},
-				Overrides: map[string]limiter.Limit{"o": {Rate: limiter.Rate{Limit: 3, Window: time.Minute}, Shadow: true}},
+				Limit:        limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}, Shadow: true},
+				TenantLimits: map[string]limiter.Limit{"o": {Rate: limiter.Rate{Limit: 3, Window: time.Minute}, Shadow: true}},
 			},
 		},
 		{
@@ -239,11 +239,7 @@ func TestBuildPolicy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := jsonHandler(t, tt.handler)
-			got, err := buildPolicy("p", h.RateLimits["p"], h)
-			if err != nil {
-				t.Fatalf("buildPolicy: %v", err)
-			}
+			got := policyNamed(t, jsonHandler(t, tt.handler), "p")
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
 			}
@@ -251,26 +247,20 @@ func TestBuildPolicy(t *testing.T) {
 	}
 }
 
-func TestBuildPolicyErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		pc   *PolicyConfig
-		want string
-	}{
-		{"nil", nil, "policy p: is null"},
-		{"bad algorithm", &PolicyConfig{Algorithm: "x", MaxEvents: 1}, `policy p: unknown algorithm "x" (allowed: `},
-		{"no limit", &PolicyConfig{Window: caddy.Duration(time.Second)}, "policy p: limit: 0 is out of range (allowed: 1 to 9007199254740991)"},
-		{"tier without limit", &PolicyConfig{MaxEvents: 1, Window: caddy.Duration(time.Second), Tiers: map[string]*LimitConfig{"t": {}}}, "policy p: tier t: limit: 0 is out of range"},
-		{"nil override", &PolicyConfig{MaxEvents: 1, Window: caddy.Duration(time.Second), Overrides: map[string]*LimitConfig{"o": nil}}, "policy p: override o: is null"},
+// policyNamed validates h and returns its policy name.
+func policyNamed(t *testing.T, h *Handler, name string) *limiter.Policy {
+	t.Helper()
+	policies, err := h.validateConfig()
+	if err != nil {
+		t.Fatalf("validateConfig: %v", err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := buildPolicy("p", tt.pc, nil)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("error %v, want it to contain %q", err, tt.want)
-			}
-		})
+	for _, p := range policies {
+		if p.Name == name {
+			return p
+		}
 	}
+	t.Fatalf("no policy %s", name)
+	return nil
 }
 
 // TestPolicyLease: the handler's lease is every policy's default, a
@@ -294,11 +284,7 @@ func TestPolicyLease(t *testing.T) {
 		"conc":     {},
 	}
 	for name, lease := range want {
-		p, err := buildPolicy(name, h.RateLimits[name], &h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.Lease != lease {
+		if p := policyNamed(t, &h, name); p.Lease != lease {
 			t.Errorf("%s: lease %+v, want %+v", name, p.Lease, lease)
 		}
 	}

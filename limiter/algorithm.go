@@ -1,6 +1,9 @@
 package limiter
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Algorithm names how a bucket counts requests.
 type Algorithm uint8
@@ -70,3 +73,30 @@ func (a Algorithm) SupportsLease() bool {
 
 // UsesBurst reports whether a has a capacity separate from its rate.
 func (a Algorithm) UsesBurst() bool { return a == TokenBucket || a == GCRA }
+
+// CheckBurst reports why a may not have a separate burst (capacity), nil
+// when it may or burst is 0 (the limit).
+func (a Algorithm) CheckBurst(burst int64) error {
+	if burst > 0 && !a.UsesBurst() {
+		return fmt.Errorf("applies only to token_bucket and gcra, not %s", a)
+	}
+	return nil
+}
+
+// CheckMinInterval reports why a may not have a min_interval, nil when it
+// may or d is 0.
+func (a Algorithm) CheckMinInterval(d time.Duration) error {
+	if d > 0 && a != SlidingLog {
+		return fmt.Errorf("applies only to sliding_log, not %s", a)
+	}
+	return nil
+}
+
+// CheckLease reports why a may not lease, nil when it may or max is 0
+// (leasing off).
+func (a Algorithm) CheckLease(max int64) error {
+	if max > 0 && !a.SupportsLease() {
+		return fmt.Errorf("%s cannot lease units (every request must reach the store); remove lease or use lease 0", a)
+	}
+	return nil
+}

@@ -17,10 +17,10 @@ func TestDecisionRuntimeOverrideWins(t *testing.T) {
 	store := NewMemoryStore(MemoryOptions{})
 	defer store.Close()
 	p := &Policy{
-		Name:      "api",
-		Algorithm: FixedWindow,
-		Limit:     Limit{Rate: Rate{Limit: 5, Window: time.Minute}},
-		Overrides: map[string]Limit{"acme": {Rate: Rate{Limit: 3, Window: time.Minute}}},
+		Name:         "api",
+		Algorithm:    FixedWindow,
+		Limit:        Limit{Rate: Rate{Limit: 5, Window: time.Minute}},
+		TenantLimits: map[string]Limit{"acme": {Rate: Rate{Limit: 3, Window: time.Minute}}},
 	}
 	var d Decision
 	d.Overrides = fixedOverrides{"acme/api": {Rate: Rate{Limit: 1, Window: time.Minute}}}

@@ -21,11 +21,11 @@ type Source uint8
 const (
 	SourcePolicy Source = iota
 	SourceTier
-	SourceOverride
+	SourceTenantLimit
 	SourceRuntimeOverride
 )
 
-var sourceNames = [...]string{"policy", "tier", "override", "runtime_override"}
+var sourceNames = [...]string{"policy", "tier", "tenant_limit", "runtime_override"}
 
 // String names s as the admin API reports it.
 func (s Source) String() string {
@@ -46,8 +46,10 @@ type Policy struct {
 	Limit Limit
 	// Tiers maps a tier name to the limit of tenants in that tier.
 	Tiers map[string]Limit
-	// Overrides maps a tenant to its own limit.
-	Overrides map[string]Limit
+	// TenantLimits maps a tenant to its own limit (a static, per-tenant
+	// limit of the configuration; runtime overrides are looked up by the
+	// Decision before Resolve).
+	TenantLimits map[string]Limit
 	// FailMode decides the policy's requests while its store fails.
 	FailMode FailMode
 	// Lease lets a LeaseStore serve the policy's enforced checks from
@@ -56,12 +58,12 @@ type Policy struct {
 }
 
 // Resolve returns the limit that applies to tenant (whose tier is tier) and
-// where it came from: a static override of the tenant beats its tier, which
+// where it came from: the tenant's own limit (TenantLimits) beats its tier, which
 // beats the policy's own limit. Runtime overrides are looked up by the
 // caller before Resolve.
 func (p *Policy) Resolve(tenant, tier string) (Limit, Source) {
-	if l, ok := p.Overrides[tenant]; ok {
-		return l, SourceOverride
+	if l, ok := p.TenantLimits[tenant]; ok {
+		return l, SourceTenantLimit
 	}
 	if tier != "" {
 		if l, ok := p.Tiers[tier]; ok {
@@ -87,9 +89,9 @@ func (p *Policy) Validate() error {
 			return fmt.Errorf("policy %s: tier %s: %w", p.Name, name, err)
 		}
 	}
-	for tenant, l := range p.Overrides {
+	for tenant, l := range p.TenantLimits {
 		if err := p.validateLimit(l); err != nil {
-			return fmt.Errorf("policy %s: override %s: %w", p.Name, tenant, err)
+			return fmt.Errorf("policy %s: tenant limit %s: %w", p.Name, tenant, err)
 		}
 	}
 	return nil
@@ -117,11 +119,11 @@ func (p *Policy) validateLimit(l Limit) error {
 	if err := CheckInterval(l.MinInterval); err != nil {
 		return fmt.Errorf("min_interval: %w", err)
 	}
-	switch {
-	case l.Burst > 0 && !p.Algorithm.UsesBurst():
-		return fmt.Errorf("burst applies only to token_bucket and gcra, not %s", p.Algorithm)
-	case l.MinInterval > 0 && p.Algorithm != SlidingLog:
-		return fmt.Errorf("min_interval applies only to sliding_log, not %s", p.Algorithm)
+	if err := p.Algorithm.CheckBurst(l.Burst); err != nil {
+		return fmt.Errorf("burst: %w", err)
+	}
+	if err := p.Algorithm.CheckMinInterval(l.MinInterval); err != nil {
+		return fmt.Errorf("min_interval: %w", err)
 	}
 	return nil
 }

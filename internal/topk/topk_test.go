@@ -4,20 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sort"
 	"sync"
 	"testing"
 )
-
-// heaviest returns the k keys with the largest counts.
-func heaviest(counts map[string]int, k int) []string {
-	keys := make([]string, 0, len(counts))
-	for key := range counts {
-		keys = append(keys, key)
-	}
-	sort.Slice(keys, func(i, j int) bool { return counts[keys[i]] > counts[keys[j]] })
-	return keys[:min(k, len(keys))]
-}
 
 // TestTopKSpaceSaving: any key more frequent than total/capacity is
 // counted, and counts overestimate by at most err.
