@@ -82,7 +82,7 @@ func scriptCalls(t *testing.T, c *redis.Client) int64 {
 	return n
 }
 
-// TestFleetLeaseAccuracy (DESIGN §6): three Caddy processes on one Redis,
+// TestFleetLeaseAccuracy: three Caddy processes on one Redis,
 // lease 50, limit 1000 per hour.
 //   - Under demand far above the limit, the fleet admits at most 1000
 //     (plus what a token bucket or GCRA refills during the test) and at

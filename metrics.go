@@ -17,7 +17,7 @@ import (
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-// Tollgate's Prometheus metrics (DESIGN §8). The collectors are created
+// Tollgate's Prometheus metrics. The collectors are created
 // once per process and registered with the metrics registry of every
 // config generation (Caddy makes a new registry on each load), so values
 // continue across reloads and each family appears once on /metrics.

@@ -23,7 +23,7 @@ import (
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-// The metric families of DESIGN §8: names, types and labels are a
+// The metric families: names, types and labels are a
 // contract.
 func TestMetricCatalogIsTheDesign(t *testing.T) {
 	want := map[string]metricInfo{

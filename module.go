@@ -25,7 +25,23 @@ func init() {
 
 // Handler enforces per-tenant rate limits. Requests are counted in the
 // bucket (tenant, policy, key) of every policy that matches them; the
-// request passes only if every enforcing policy admits it.
+// request passes only if every enforcing policy admits it, and then every
+// policy is charged. A denial is a handler error with status 429 (so
+// handle_errors can render it) and a Retry-After header.
+//
+// Placeholders, set for every request a policy counted and on every 429,
+// describing the policy the response headers describe (the enforcing
+// policy with the least remaining quota; on a denial, the denying one that
+// frees last):
+//
+//	{http.rate_limit.policy}         policy name ("" for missing_tenant deny)
+//	{http.rate_limit.tenant}         its tenant
+//	{http.rate_limit.limit}          its limit (-1: nothing counted, e.g. unlimited)
+//	{http.rate_limit.remaining}      units left (-1: unknown)
+//	{http.rate_limit.retry_after}    whole seconds until the request could pass (0 when admitted)
+//	{http.rate_limit.shadow_denied}  comma-separated shadow policies that would have denied
+//
+// Each denial also emits the event rate_limit_exceeded.
 type Handler struct {
 	// Shared Redis store. Absent: the embedded in-process store.
 	Redis *RedisConfig `json:"redis,omitempty"`

@@ -297,6 +297,3 @@ func (b *Backend) removeStack(s *Stack) {
 	delete(b.stacks, s)
 	b.stacksMu.Unlock()
 }
-
-// Backends returns the number of live Backends (for tests).
-func Backends() int { return backends.len() }

@@ -181,7 +181,3 @@ func releaseClient(key string, c *client) error {
 	}
 	return nil
 }
-
-// Clients returns the number of open shared clients (for tests: none must
-// be left once every handler is gone).
-func Clients() int { return clients.len() }

@@ -112,13 +112,6 @@ type DenialStream struct {
 	closeOnce sync.Once
 }
 
-// writers counts running writer goroutines, for tests.
-var writers atomic.Int64
-
-// Writers returns the number of running denial stream writers (for tests:
-// none must be left once every backend is released).
-func Writers() int64 { return writers.Load() }
-
 // denialStreamOptions configures newDenialStream.
 type denialStreamOptions struct {
 	client   redis.UniversalClient
@@ -159,7 +152,6 @@ func (s *DenialStream) Acquire(maxlen int) {
 	s.updateMaxlen()
 	if !s.started && !s.closed.Load() {
 		s.started = true
-		writers.Add(1)
 		go s.run()
 	}
 }
@@ -226,7 +218,6 @@ func (s *DenialStream) close() {
 // as there is something, and writes it in one round trip.
 func (s *DenialStream) run() {
 	defer func() {
-		writers.Add(-1)
 		close(s.done)
 	}()
 	batch := make([]Denial, 0, denialBatchSize)

@@ -49,10 +49,3 @@ func (p *pool[V]) release(key string) (last bool) {
 	delete(p.items, key)
 	return true
 }
-
-// len returns the number of live values.
-func (p *pool[V]) len() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.items)
-}

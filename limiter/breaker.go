@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Defaults of BreakerOptions (DESIGN §7).
+// Defaults of BreakerOptions.
 const (
 	DefaultBreakerFailures = 3
 	DefaultBreakerCooldown = 5 * time.Second

@@ -40,9 +40,9 @@ type RegistryOptions struct {
 }
 
 // Registry keeps this instance registered as live in the sorted set
-// <prefix>:instances (DESIGN §5) and counts the live instances, for the
-// fallback share (limit x 0.7 / live instances, DESIGN §7) and lease
-// sizing (§6).
+// <prefix>:instances and counts the live instances, for the fallback
+// share of fail_mode local (limit x 0.7 / live instances) and lease sizing
+// (LeaseStore).
 //
 // Every Interval a goroutine runs one script (lua.Heartbeat): ZADD of the
 // instance's id with Redis TIME in ms as the score, ZREMRANGEBYSCORE of the

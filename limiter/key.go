@@ -45,7 +45,7 @@ func AppendEscaped(dst []byte, v string) []byte {
 	return dst
 }
 
-// AppendKey appends the bucket key of DESIGN §5 to dst:
+// AppendKey appends a bucket key to dst:
 //
 //	<prefix>:<algo>:{<tenant>}:<policy>[:<part>]
 //

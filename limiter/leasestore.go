@@ -75,7 +75,7 @@ type LeaseOptions struct {
 }
 
 // LeaseStore is a Store that serves requests from units leased ahead of
-// demand (DESIGN §6), so most decisions of a busy tenant cost no store
+// demand, so most decisions of a busy tenant cost no store
 // call at all.
 //
 // A request is leased when every one of its checks has Lease enabled, an

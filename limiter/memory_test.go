@@ -672,7 +672,7 @@ func TestDefaults(t *testing.T) {
 	if ok, _ := mustDecide(t, m, tbCheck("t", "p", 1, time.Second)); !ok {
 		t.Fatal("denied")
 	}
-	// The key layout of DESIGN §5 with the prefix.
+	// The key layout of AppendKey with the prefix.
 	var keys []string
 	for i := range m.shards {
 		for k := range m.shards[i].m {

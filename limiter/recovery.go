@@ -1,10 +1,11 @@
 package limiter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"math"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -282,18 +283,13 @@ func (r *Recorder) Flush(ctx context.Context, store Charger) (FlushStats, error)
 		items = append(items, item{k, e})
 	}
 	// A tenant's buckets side by side: one cluster slot, fewer calls.
-	sort.Slice(items, func(i, j int) bool {
-		a, b := items[i].k, items[j].k
-		if a.tenant != b.tenant {
-			return a.tenant < b.tenant
-		}
-		if a.policy != b.policy {
-			return a.policy < b.policy
-		}
-		if a.part != b.part {
-			return a.part < b.part
-		}
-		return a.algo < b.algo
+	slices.SortFunc(items, func(a, b item) int {
+		return cmp.Or(
+			cmp.Compare(a.k.tenant, b.k.tenant),
+			cmp.Compare(a.k.policy, b.k.policy),
+			cmp.Compare(a.k.part, b.k.part),
+			cmp.Compare(a.k.algo, b.k.algo),
+		)
 	})
 
 	checks := make([]Check, 0, min(r.batch, len(items)))

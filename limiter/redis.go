@@ -61,7 +61,7 @@ type RedisOptions struct {
 // than in memory. Numbers stay within the domain of MaxCount; a cost above
 // it is sent as MaxCount + 1, which no bucket can hold.
 //
-// Keys follow DESIGN §5 (see AppendKey); each written key gets a TTL that
+// Keys are AppendKey's; each written key gets a TTL that
 // ends exactly when its state equals a fresh bucket, so an expired key and
 // a fresh bucket mean the same thing. That TTL is at most 2 x Window for
 // sliding and fixed windows, Window for the token bucket and GCRA with the

@@ -204,7 +204,7 @@ func usedMemory(b *testing.B, client *redis.Client) int64 {
 	return n
 }
 
-// BenchmarkLeaseDecide is a decision served from a lease (DESIGN §6): the
+// BenchmarkLeaseDecide is a decision served from a lease: the
 // same checks as BenchmarkRedisDecide's token_bucket and sliding_window,
 // with a lease large enough that Redis is asked about once per 1000
 // requests. The "no lease" case, every request one script call, is the

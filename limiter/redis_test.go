@@ -36,11 +36,11 @@ func allKeys(t *testing.T, c redis.UniversalClient) []string {
 	}
 }
 
-// keyLayout is DESIGN §5: <prefix>:<algo>:{<tenant>}:<policy>[:<key>].
+// keyLayout is AppendKey's: <prefix>:<algo>:{<tenant>}:<policy>[:<key>].
 var keyLayout = regexp.MustCompile(`^[A-Za-z0-9_.-]+:(token_bucket|gcra|sliding_window|fixed_window|sliding_log|concurrency):\{[^{}:]*\}:[A-Za-z0-9_.-]+(:[^{}:]+)?$`)
 
 // TestRedisKeyTTL: after traffic on every algorithm, every key has the
-// layout of DESIGN §5 and a TTL of at most 2 x its window (the safety TTL
+// layout of AppendKey and a TTL of at most 2 x its window (the safety TTL
 // for concurrency), and it ends when the bucket is fresh again.
 func TestRedisKeyTTL(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
