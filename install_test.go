@@ -36,3 +36,32 @@ func TestDockerfilePinsGoModVersions(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsNameRealFiles: every source file ARCHITECTURE.md and the docs
+// name exists, so the map cannot drift from the layout.
+func TestDocsNameRealFiles(t *testing.T) {
+	fileRef := regexp.MustCompile("`((?:[a-z_]+/)*[a-z_]+\\.(?:go|lua|sh|json|yml))`")
+	docs := append(docFiles(t), "ARCHITECTURE.md")
+	for _, doc := range docs {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range fileRef.FindAllStringSubmatch(string(b), -1) {
+			name := m[1]
+			if _, err := os.Stat(name); err == nil {
+				continue
+			}
+			found := false
+			for _, dir := range []string{"limiter", "fleet", "lua", "internal/topk", "internal/redistest", "scripts", "bench", "dashboards", "cmd/caddy"} {
+				if _, err := os.Stat(dir + "/" + name); err == nil {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("%s names %s, which does not exist", doc, name)
+			}
+		}
+	}
+}
