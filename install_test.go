@@ -2,6 +2,7 @@ package tollgate
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -61,6 +62,64 @@ func TestDocsNameRealFiles(t *testing.T) {
 			}
 			if !found {
 				t.Errorf("%s names %s, which does not exist", doc, name)
+			}
+		}
+	}
+}
+
+// TestDocLinks: every relative link of the README, the docs and
+// ARCHITECTURE.md reaches a file, and every #anchor a heading of it.
+func TestDocLinks(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	heading := regexp.MustCompile(`(?m)^#+ (.+)$`)
+	anchorOf := func(h string) string {
+		h = strings.ToLower(strings.TrimSpace(h))
+		var b strings.Builder
+		for _, r := range h {
+			switch {
+			case r == ' ' || r == '-':
+				b.WriteRune('-')
+			case r == '_' || (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9'):
+				b.WriteRune(r)
+			}
+		}
+		return b.String()
+	}
+	docs := append(docFiles(t), "ARCHITECTURE.md", "CHANGELOG.md")
+	for _, doc := range docs {
+		src, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(src), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			path := doc
+			if file != "" {
+				path = filepath.Join(filepath.Dir(doc), file)
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				if _, serr := os.Stat(path); serr != nil {
+					t.Errorf("%s links %s: %v", doc, target, serr)
+				}
+				continue
+			}
+			if anchor == "" {
+				continue
+			}
+			found := false
+			for _, h := range heading.FindAllStringSubmatch(string(b), -1) {
+				if anchorOf(h[1]) == anchor {
+					found = true
+					break
+				}
+			}
+			if !found {
+				t.Errorf("%s links %s: no heading %q in %s", doc, target, anchor, path)
 			}
 		}
 	}

@@ -12,25 +12,21 @@ import (
 
 var caddyfileBlock = regexp.MustCompile("(?s)```caddyfile\n(.*?)```")
 
-// TestReadmeExamplesAdapt: every Caddyfile example in the README adapts
-// and provisions, so the docs cannot drift from the parser.
+// TestReadmeExamplesAdapt: every Caddyfile example in the README and the
+// docs adapts and provisions, so the docs cannot drift from the parser.
 func TestReadmeExamplesAdapt(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
+	blocks := docCaddyfileBlocks(t)
+	if len(blocks) < 8 {
+		t.Fatalf("found %d caddyfile examples in the docs, want at least 8", len(blocks))
 	}
-	blocks := caddyfileBlock.FindAllStringSubmatch(string(readme), -1)
-	if len(blocks) < 3 {
-		t.Fatalf("found %d caddyfile examples in README.md, want at least 3", len(blocks))
-	}
-	for i, b := range blocks {
-		src := b[1]
+	for i, src := range blocks {
+		orig := src
 		if strings.HasPrefix(strings.TrimSpace(src), "rate_limit") {
 			src = ":8080 {\n" + src + "\n}\n"
 		}
 		cfg := adaptCaddyfile(t, src)
 		if !strings.Contains(string(cfg), `"handler":"rate_limit"`) {
-			t.Errorf("README example %d adapts without a rate_limit handler:\n%s", i+1, b[1])
+			t.Errorf("doc example %d adapts without a rate_limit handler:\n%s", i+1, orig)
 		}
 		validateConfig(t, cfg)
 	}
