@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
 
@@ -152,4 +154,30 @@ func TestRedisLogsThroughCaddy(t *testing.T) {
 	waitFor(t, func() bool {
 		return countLogLines(t, logFile, `"msg":"rate limit store unreachable (timeout)`) > 0
 	})
+}
+
+// TestDocMetricsListener: the documented Prometheus setup serves the
+// metrics on a listener of its own, with the admin API on localhost only:
+// the scrape sees Tollgate's families.
+func TestDocMetricsListener(t *testing.T) {
+	block := docBlockWith(t, ":9180 {", "metrics")
+	metricsPort, sitePort, adminPort := freePort(t), freePort(t), freePort(t)
+	src := strings.NewReplacer(
+		"admin localhost:2019", fmt.Sprintf("admin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off", adminPort),
+		":9180 {", fmt.Sprintf("http://127.0.0.1:%d {", metricsPort),
+		"api.example.com {", fmt.Sprintf("http://127.0.0.1:%d {", sitePort),
+	).Replace(block)
+	caddyMu.Lock()
+	defer caddyMu.Unlock()
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := caddy.Load(adaptCaddyfile(t, src), true); err != nil {
+		t.Fatalf("loading: %v\n%s", err, src)
+	}
+	waitListening(t, metricsPort)
+	site := &caddyServer{t: t, port: sitePort, base: fmt.Sprintf("http://127.0.0.1:%d", sitePort)}
+	site.get("/") // one decision, so the families have samples
+	m := scrapeMetrics(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+	if _, ok := m.families["caddy_rate_limit_requests_total"]; !ok {
+		t.Errorf("no caddy_rate_limit_requests_total on the metrics listener")
+	}
 }
