@@ -120,8 +120,8 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 			return LeaseGrant{}, fmt.Errorf("%w: a lease of %d requests of cost %d exceeds %d units", ErrInvalidCheck, req.Want+req.GiveBack, c.Cost, MaxCount)
 		}
 	}
-	sc := s.pool.Get().(*redisScratch)
-	defer s.pool.Put(sc)
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	if s.prepare(sc, checks) {
 		return LeaseGrant{}, fmt.Errorf("%w: the buckets span several cluster slots", ErrLeaseUnsupported)
 	}
@@ -145,7 +145,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 	if req.Want == 0 {
 		script = scriptLeaseGive
 	}
-	reply, err := s.eval(ctx, script, keys, sc.args)
+	reply, err := s.eval(ctx, sc, script, keys, sc.args)
 	if err != nil {
 		return LeaseGrant{}, err
 	}

@@ -42,6 +42,10 @@ type RedisOptions struct {
 	Prefix string
 	// Timeout is the deadline of every call; 0 means 100ms.
 	Timeout time.Duration
+	// NoBatch sends every call in its own round trip. By default the calls
+	// of concurrent requests bound for one Redis node share a pipeline
+	// (see batcher).
+	NoBatch bool
 	// Observe, when not nil, is called after every script round trip with
 	// the script ("decide", "peek", "dry", "force", "refund" or "release"), how it
 	// ended ("ok", "error", "timeout", or "noscript" for an EVALSHA that
@@ -108,6 +112,13 @@ type RedisStore struct {
 	observe func(script, result string, d time.Duration)
 	pool    sync.Pool
 
+	// batch sends concurrent calls in one pipeline (standalone and
+	// Sentinel); nodeBatchers does per node in a cluster (by
+	// *redis.Client); noBatch sends every call on its own.
+	batch        *batcher
+	nodeBatchers sync.Map
+	noBatch      bool
+
 	// now, when set (tests only), gives the scripts the instant in µs to
 	// use instead of Redis TIME. Production never sets it.
 	now func() int64
@@ -131,6 +142,10 @@ func NewRedisStore(opts RedisOptions) *RedisStore {
 	}
 	s.cluster, _ = opts.Client.(*redis.ClusterClient)
 	s.pool.New = func() any { return new(redisScratch) }
+	s.noBatch = opts.NoBatch
+	if s.cluster == nil && !s.noBatch {
+		s.batch = newBatcher(opts.Client.Pipeline, nil)
+	}
 	return s
 }
 
@@ -188,6 +203,8 @@ type redisScratch struct {
 	nums  []int64  // numeric arguments of the current call, 5 per check
 	args  []any
 	all   []int // 0..n-1
+	// inFlight: a batch may still send args (its caller gave up).
+	inFlight bool
 }
 
 // prepare builds the key (and, in a cluster, the slot) of every check and
@@ -251,8 +268,8 @@ func (s *RedisStore) Decide(ctx context.Context, checks []Check, results []Resul
 	if len(checks) == 0 {
 		return true, nil
 	}
-	sc := s.pool.Get().(*redisScratch)
-	defer s.pool.Put(sc)
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -325,8 +342,8 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 	if len(checks) == 0 {
 		return nil
 	}
-	sc := s.pool.Get().(*redisScratch)
-	defer s.pool.Put(sc)
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -371,8 +388,8 @@ func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64
 	if len(valid) == 0 {
 		return nil
 	}
-	sc := s.pool.Get().(*redisScratch)
-	defer s.pool.Put(sc)
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
 	results := make([]Result, len(checks))
 	groups := [][]int{sc.all}
@@ -416,7 +433,7 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 		sc.args = append(sc.args[:0], nowArg, strconv.FormatInt(at, 10))
 	}
 	keys := sc.appendCheckArgs(checks, idx)
-	reply, err := s.eval(ctx, script, keys, sc.args)
+	reply, err := s.eval(ctx, sc, script, keys, sc.args)
 	if err != nil {
 		return false, 0, err
 	}
@@ -506,19 +523,33 @@ func parseResults(reply any, head []int64, idx []int, results []Result) error {
 
 // eval runs script with EVALSHA and, when Redis does not know it
 // (NOSCRIPT, after a restart or SCRIPT FLUSH), at once again with EVAL,
-// which also caches it for the next EVALSHA.
-func (s *RedisStore) eval(ctx context.Context, rs *redisScript, keys []string, args []any) (any, error) {
+// which also caches it for the next EVALSHA. With batching the call shares
+// a pipeline with the concurrent calls to the same node; if ctx ends while
+// the call is in flight, sc is marked so it is not reused (the batch may
+// still send its arguments).
+func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript, keys []string, args []any) (any, error) {
 	var start time.Time
 	if s.observe != nil {
 		start = time.Now()
 	}
-	v, err := rs.script.EvalSha(ctx, s.client, keys, args...).Result()
-	if isNoScript(err) {
-		if s.observe != nil {
-			s.observe(rs.name, "noscript", time.Since(start))
-			start = time.Now()
+	var v any
+	var err error
+	if b := s.batcherFor(ctx, keys); b != nil {
+		var noscript, abandoned bool
+		v, noscript, abandoned, err = b.do(ctx, rs.script, keys, args)
+		sc.inFlight = abandoned
+		if noscript && s.observe != nil {
+			s.observe(rs.name, "noscript", 0)
 		}
-		v, err = rs.script.Eval(ctx, s.client, keys, args...).Result()
+	} else {
+		v, err = rs.script.EvalSha(ctx, s.client, keys, args...).Result()
+		if isNoScript(err) {
+			if s.observe != nil {
+				s.observe(rs.name, "noscript", time.Since(start))
+				start = time.Now()
+			}
+			v, err = rs.script.Eval(ctx, s.client, keys, args...).Result()
+		}
 	}
 	if s.observe != nil {
 		s.observe(rs.name, callResult(err), time.Since(start))
@@ -535,6 +566,43 @@ func (s *RedisStore) eval(ctx context.Context, rs *redisScript, keys []string, a
 		return nil, fmt.Errorf("limiter: redis %s: %w", rs.name, err)
 	}
 	return v, nil
+}
+
+// batcherFor returns the batcher of the node keys live on, nil when the
+// store does not batch (or the node is not known).
+func (s *RedisStore) batcherFor(ctx context.Context, keys []string) *batcher {
+	if s.noBatch {
+		return nil
+	}
+	if s.cluster == nil {
+		return s.batch
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	node, err := s.cluster.MasterForKey(ctx, keys[0])
+	if err != nil {
+		return nil // the direct call reports the error
+	}
+	if b, ok := s.nodeBatchers.Load(node); ok {
+		return b.(*batcher)
+	}
+	b, _ := s.nodeBatchers.LoadOrStore(node, newBatcher(node.Pipeline, s.cluster))
+	return b.(*batcher)
+}
+
+// getScratch and putScratch pool the per-call memory; a scratch whose
+// arguments a batch may still send is left to the garbage collector.
+func (s *RedisStore) getScratch() *redisScratch {
+	sc := s.pool.Get().(*redisScratch)
+	sc.inFlight = false
+	return sc
+}
+
+func (s *RedisStore) putScratch(sc *redisScratch) {
+	if !sc.inFlight {
+		s.pool.Put(sc)
+	}
 }
 
 func isNoScript(err error) bool {
@@ -563,8 +631,8 @@ func IsTimeout(err error) bool {
 // of its bucket (never going below zero; a bucket that expired or was reset
 // is left alone). Pass only the checks that were charged.
 func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
-	sc := s.pool.Get().(*redisScratch)
-	defer s.pool.Put(sc)
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	sc.keys = sc.keys[:0]
 	sc.slots = sc.slots[:0]
 	sc.args = sc.args[:0]
@@ -591,7 +659,7 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if !multi {
-		_, err := s.eval(ctx, scriptRelease, sc.keys, sc.args)
+		_, err := s.eval(ctx, sc, scriptRelease, sc.keys, sc.args)
 		return err
 	}
 	for _, g := range sc.groups() {
@@ -600,7 +668,7 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 		for j, i := range g {
 			keys[j], args[j] = sc.keys[i], sc.args[i]
 		}
-		if _, err := s.eval(ctx, scriptRelease, keys, args); err != nil {
+		if _, err := s.eval(ctx, sc, scriptRelease, keys, args); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,179 @@
+package limiter
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// pipelineCounter is a go-redis hook that counts the round trips that
+// carried script calls (pipelines and single commands) and the calls.
+type pipelineCounter struct {
+	trips, cmds atomic.Int64
+}
+
+func scriptCalls(cmds ...redis.Cmder) int64 {
+	n := int64(0)
+	for _, c := range cmds {
+		if name := c.Name(); name == "evalsha" || name == "eval" {
+			n++
+		}
+	}
+	return n
+}
+
+func (h *pipelineCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := scriptCalls(cmd); n > 0 {
+			h.trips.Add(1)
+			h.cmds.Add(n)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if n := scriptCalls(cmds...); n > 0 {
+			h.trips.Add(1)
+			h.cmds.Add(n)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestBatchingSharesRoundTrips: decisions that arrive while a batch is on
+// the wire go out together. With Redis paused, 100 concurrent decisions
+// queue behind the first batches; once it resumes they take a handful of
+// round trips, and every one of them is decided exactly (one tenant,
+// limit 60: exactly 60 admitted).
+func TestBatchingSharesRoundTrips(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	opts := srv.ClientOptions()
+	opts.ContextTimeoutEnabled = true
+	client := redis.NewClient(opts)
+	defer client.Close()
+	var hook pipelineCounter
+	client.AddHook(&hook)
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: 5 * time.Second})
+	c := Check{Algorithm: FixedWindow, Tenant: "batched", Policy: "p", Rate: Rate{Limit: 60, Window: time.Hour}, Cost: 1}
+	mustDecide(t, s, Check{Algorithm: FixedWindow, Tenant: "warm", Policy: "p", Rate: c.Rate, Cost: 1}) // loads the script
+
+	trips0, cmds0 := hook.trips.Load(), hook.cmds.Load()
+	srv.Pause()
+	const n = 100
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			res := make([]Result, 1)
+			ok, err := s.Decide(bgCtx, []Check{c}, res)
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				admitted.Add(1)
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond) // every goroutine has queued
+	srv.Resume()
+	wg.Wait()
+	trips, cmds := hook.trips.Load()-trips0, hook.cmds.Load()-cmds0
+	t.Logf("%d decisions in %d round trips (%d commands)", n, trips, cmds)
+	if admitted.Load() != 60 {
+		t.Errorf("%d admitted, want exactly 60", admitted.Load())
+	}
+	if cmds != n {
+		t.Errorf("%d commands sent for %d decisions", cmds, n)
+	}
+	if trips > 2*maxBatchFlushers+2 {
+		t.Errorf("%d round trips for %d queued decisions, want a few batches", trips, n)
+	}
+}
+
+// TestBatchingPerCallDeadline: a call keeps its own deadline in a batch. With
+// Redis paused, a call with a 50ms deadline sharing batches with calls that
+// have 2s returns a timeout at about 50ms, and the others are still
+// answered once Redis resumes.
+func TestBatchingPerCallDeadline(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	opts := srv.ClientOptions()
+	opts.ContextTimeoutEnabled = true
+	client := redis.NewClient(opts)
+	defer client.Close()
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: 2 * time.Second})
+	rate := Rate{Limit: 1000, Window: time.Hour}
+	mustDecide(t, s, Check{Algorithm: TokenBucket, Tenant: "warm", Policy: "p", Rate: rate, Cost: 1})
+	srv.Pause()
+	var wg sync.WaitGroup
+	var slowOK atomic.Int64
+	for i := range 10 {
+		wg.Go(func() {
+			c := Check{Algorithm: TokenBucket, Tenant: "slow-" + strconv.Itoa(i), Policy: "p", Rate: rate, Cost: 1}
+			if ok, err := s.Decide(bgCtx, []Check{c}, make([]Result, 1)); ok && err == nil {
+				slowOK.Add(1)
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(bgCtx, 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Decide(ctx, []Check{{Algorithm: TokenBucket, Tenant: "fast", Policy: "p", Rate: rate, Cost: 1}}, make([]Result, 1))
+	took := time.Since(start)
+	if !IsTimeout(err) || took > 500*time.Millisecond {
+		t.Errorf("short-deadline call: %v after %v, want a timeout at about 50ms", err, took)
+	}
+	time.Sleep(200 * time.Millisecond)
+	srv.Resume()
+	wg.Wait()
+	if slowOK.Load() != 10 {
+		t.Errorf("%d of 10 long-deadline calls admitted after Redis resumed", slowOK.Load())
+	}
+}
+
+// TestBatchingNoScript: a batch answered NOSCRIPT (a flushed script cache)
+// is retried with EVAL, and every call gets its answer.
+func TestBatchingNoScript(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	var noscript atomic.Int64
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: 2 * time.Second, Observe: func(_, result string, _ time.Duration) {
+		if result == "noscript" {
+			noscript.Add(1)
+		}
+	}})
+	rate := Rate{Limit: 5, Window: time.Hour}
+	mustDecide(t, s, Check{Algorithm: SlidingWindow, Tenant: "warm", Policy: "p", Rate: rate, Cost: 1})
+	if err := client.ScriptFlush(bgCtx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	for range 20 {
+		wg.Go(func() {
+			c := Check{Algorithm: SlidingWindow, Tenant: "flushed", Policy: "p", Rate: rate, Cost: 1}
+			ok, err := s.Decide(bgCtx, []Check{c}, make([]Result, 1))
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if admitted.Load() != 5 || noscript.Load() == 0 {
+		t.Errorf("%d admitted (want 5), %d NOSCRIPT answers seen (want some)", admitted.Load(), noscript.Load())
+	}
+}
