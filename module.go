@@ -130,6 +130,8 @@ type Handler struct {
 	lastStoreWarning *atomic.Int64
 	policies         []*policyRuntime
 	headerMode       headerMode
+	// tenant and tier are the Tenant and Tier templates, compiled.
+	tenant, tier template
 	// metrics is nil when metrics are disabled.
 	metrics *handlerMetrics
 	// overrides holds the runtime overrides (admin API) of the store.
@@ -169,6 +171,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
+	h.tenant, h.tier = compileTemplate(h.Tenant), compileTemplate(h.Tier)
 	if err := h.provisionPolicies(ctx, policies); err != nil {
 		return err
 	}
@@ -255,17 +258,17 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 		pc := h.RateLimits[name]
 		rt := &policyRuntime{
 			policy:     policy,
-			key:        pc.Key,
+			key:        compileTemplate(pc.Key),
 			ipv4Prefix: pc.IPv4Prefix,
 			ipv6Prefix: pc.IPv6Prefix,
 		}
-		if h.Tenant == "" && rt.key == "" {
-			rt.key = defaultKey
+		if h.Tenant == "" && pc.Key == "" {
+			rt.key = compileTemplate(defaultKey)
 		}
 		if n, ok := pc.Cost.constant(); ok {
 			rt.cost = n
 		} else {
-			rt.cost, rt.costTemplate = -1, string(pc.Cost)
+			rt.cost, rt.costTemplate = -1, compileTemplate(string(pc.Cost))
 		}
 		if pc.MatcherSetsRaw != nil {
 			mods, err := ctx.LoadModule(pc, "MatcherSetsRaw")
@@ -326,7 +329,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	var tenant string
 	if h.Tenant != "" {
-		tenant = expand(repl, h.Tenant)
+		tenant = h.tenant.expand(repl, r)
 		if tenant == "" {
 			if h.MissingTenant == missingTenantDeny {
 				return h.denyMissingTenant(w, repl)
@@ -344,17 +347,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if !ok {
 			continue
 		}
-		item := limiter.Item{Policy: p.policy, Tenant: tenant, Cost: p.requestCost(repl)}
+		item := limiter.Item{Policy: p.policy, Tenant: tenant, Cost: p.requestCost(repl, r)}
 		if h.Tenant != "" {
-			item.Part = p.resolveKey(repl)
-		} else if item.Tenant = p.resolveKey(repl); item.Tenant == "" {
+			item.Part = p.resolveKey(repl, r)
+		} else if item.Tenant = p.resolveKey(repl, r); item.Tenant == "" {
 			item.Tenant = anonymousTenant
 		}
 		if tier, ok := h.TenantTiers[item.Tenant]; ok {
 			item.Tier = tier
 		} else if h.Tier != "" {
 			if !tierResolved {
-				tierTemplate, tierResolved = expand(repl, h.Tier), true
+				tierTemplate, tierResolved = h.tier.expand(repl, r), true
 			}
 			item.Tier = tierTemplate
 		}

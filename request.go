@@ -31,10 +31,10 @@ type policyRuntime struct {
 	matchers caddyhttp.MatcherSets
 	// key is the placeholder template of the partition key, or of the
 	// tenant when the handler sets no tenant template.
-	key string
+	key template
 	// cost is the constant cost, or -1 when costTemplate must be resolved.
 	cost         int64
-	costTemplate string
+	costTemplate template
 	ipv4Prefix   int
 	ipv6Prefix   int
 	// Header values of the policy's own limit, rendered once.
@@ -73,15 +73,6 @@ func putRequestState(s *requestState) {
 	requestStates.Put(s)
 }
 
-// expand resolves a placeholder template; templates without placeholders
-// are returned as they are, without touching the replacer.
-func expand(repl *caddy.Replacer, tmpl string) string {
-	if strings.IndexByte(tmpl, '{') < 0 {
-		return tmpl
-	}
-	return repl.ReplaceAll(tmpl, "")
-}
-
 // matches reports whether the policy covers r.
 func (p *policyRuntime) matches(r *http.Request) (bool, error) {
 	if len(p.matchers) == 0 {
@@ -96,11 +87,11 @@ func (p *policyRuntime) matches(r *http.Request) (bool, error) {
 // returned as math.MaxInt64: such a request can never be admitted, and the
 // engine denies it without any fail mode (a client cannot buy its way
 // past a limit by overflowing a store).
-func (p *policyRuntime) requestCost(repl *caddy.Replacer) int64 {
+func (p *policyRuntime) requestCost(repl *caddy.Replacer, r *http.Request) int64 {
 	if p.cost >= 0 {
 		return p.cost
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(expand(repl, p.costTemplate)), 10, 64)
+	n, err := strconv.ParseInt(strings.TrimSpace(p.costTemplate.expand(repl, r)), 10, 64)
 	switch {
 	case errors.Is(err, strconv.ErrRange) && n > 0, err == nil && n > limiter.MaxCount:
 		return math.MaxInt64
@@ -112,8 +103,8 @@ func (p *policyRuntime) requestCost(repl *caddy.Replacer) int64 {
 
 // resolveKey expands the policy key and, when it is an IP address and a
 // prefix is configured for its family, replaces it by its network.
-func (p *policyRuntime) resolveKey(repl *caddy.Replacer) string {
-	v := expand(repl, p.key)
+func (p *policyRuntime) resolveKey(repl *caddy.Replacer, r *http.Request) string {
+	v := p.key.expand(repl, r)
 	if p.ipv4Prefix == 0 && p.ipv6Prefix == 0 {
 		return v
 	}

@@ -2,12 +2,15 @@
 # Load benchmark: plain Caddy vs Tollgate on the embedded store and on Redis,
 # measured in one run on loopback with wrk, reported as ratios to the plain
 # Caddy baseline (absolute numbers on shared 2-core machines are noise).
-# Scenarios: plain `respond`, rate_limit on the embedded store, on Redis
-# without a lease (one script call per request) and on Redis with lease 50.
+# Scenarios: plain `respond`; rate_limit on the embedded store (headers on,
+# and off); on Redis without a lease (one script call per request, strict)
+# and with lease 50; each Redis scenario also with all traffic on one
+# tenant (hot) and spread over 10 000 tenants.
 #
-#   ./bench/run.sh                 # 4 rounds of 10 s per scenario
+#   ./bench/run.sh                 # 3 rounds of 10 s per scenario (~8 min)
 #   DURATION=30s ./bench/run.sh    # longer runs
-#   ROUNDS=8 ./bench/run.sh        # more interleaved rounds (default 4)
+#   ROUNDS=5 ./bench/run.sh        # more interleaved rounds
+#   ONLY="baseline redis" ./bench/run.sh   # a subset of the scenarios
 #
 # Installs wrk and redis-server from Debian packages when missing. Prints a
 # Markdown table and writes it to bench/results/latest.md.
@@ -17,7 +20,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
-ROUNDS=${ROUNDS:-4}
+ROUNDS=${ROUNDS:-3}
 
 need=()
 command -v wrk >/dev/null || need+=(wrk)
@@ -49,9 +52,17 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --d
 pids+=($!)
 wait_port "$redis_port"
 
-# scenario NAME RATE_LIMIT_BLOCK -> prints "name rps p50 p99 calls_per_req"
+# redis_stat FIELD: a counter of INFO (commandstats or stats).
+redis_stat() {
+	redis-cli -p "$redis_port" info "$1" | tr -d '\r' | awk -v f="$2" '
+		$0 ~ "^"f":" { sub("^"f":", ""); if (match($0, /calls=[0-9]+/)) print substr($0, RSTART+6, RLENGTH-6); else print; found=1 }
+		END { if (!found) print 0 }'
+}
+
+# scenario NAME TENANTS RATE_LIMIT_BLOCK -> prints
+# "name rps p50 p99 calls_per_req trips_per_req"
 scenario() {
-	local name=$1 block=$2 port admin
+	local name=$1 tenants=$2 block=$3 port admin
 	port=$(free_port); admin=$(free_port)
 	cat >"$work/$name.Caddyfile" <<CADDY
 {
@@ -70,11 +81,13 @@ CADDY
 	local pid=$!
 	wait_port "$port"
 	# warm up: connections, buckets, scripts
-	wrk -t1 -c"$CONNECTIONS" -d2s -s bench/tenants.lua "http://127.0.0.1:$port/" >/dev/null
-	local before after
-	before=$(redis-cli -p "$redis_port" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p'); before=${before:-0}
-	wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s bench/tenants.lua "http://127.0.0.1:$port/" >"$work/$name.wrk"
-	after=$(redis-cli -p "$redis_port" info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p'); after=${after:-0}
+	TENANTS=$tenants wrk -t1 -c"$CONNECTIONS" -d2s -s bench/tenants.lua "http://127.0.0.1:$port/" >/dev/null
+	local calls0 evals0 trips0 calls1 evals1 trips1
+	calls0=$(redis_stat commandstats cmdstat_evalsha); evals0=$(redis_stat commandstats cmdstat_eval)
+	trips0=$(redis_stat stats total_writes_processed)
+	TENANTS=$tenants wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s bench/tenants.lua "http://127.0.0.1:$port/" >"$work/$name.wrk"
+	calls1=$(redis_stat commandstats cmdstat_evalsha); evals1=$(redis_stat commandstats cmdstat_eval)
+	trips1=$(redis_stat stats total_writes_processed)
 	kill "$pid"; wait "$pid" 2>/dev/null || true
 	local rps p50 p99 requests non2xx
 	rps=$(awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk")
@@ -83,13 +96,15 @@ CADDY
 	requests=$(awk '/requests in/ {print $1}' "$work/$name.wrk")
 	non2xx=$(awk '/Non-2xx/ {print $NF}' "$work/$name.wrk"); non2xx=${non2xx:-0}
 	if [ "$non2xx" != 0 ]; then echo "$name: $non2xx non-2xx responses (limits too low?)" >&2; fi
-	python3 -c "print('$name', $rps, '$p50', '$p99', round(($after-$before)/max($requests,1), 3))"
+	# The redis-cli calls themselves are two writes each; the heartbeat is
+	# one call a second: both are noise next to tens of thousands.
+	python3 -c "r=max($requests,1); print('$name', $rps, '$p50', '$p99', round(($calls1-$calls0+$evals1-$evals0)/r, 3), round(($trips1-$trips0)/r, 3))"
 }
 
 policy='	rate_limit {
 		%s
 		tenant {http.request.header.X-Tenant}
-		headers both
+		headers %s
 		%s
 		policy api {
 			algorithm token_bucket
@@ -100,19 +115,46 @@ policy='	rate_limit {
 redis_block="redis {
 			address 127.0.0.1:$redis_port
 		}"
+embedded=$(printf "$policy" '' both '')
+embedded_off=$(printf "$policy" '' off '')
+strict=$(printf "$policy" "$redis_block" both '')
+leased=$(printf "$policy" "$redis_block" both 'lease 50')
 
-# Rounds interleave the scenarios and rotate their order (A B C D, B C D A,
+# name tenants block
+all=(
+	"baseline 100"
+	"embedded 100"
+	"embedded_headers_off 100"
+	"redis 100"
+	"redis_hot 1"
+	"redis_10k 10000"
+	"lease 100"
+	"lease_hot 1"
+	"lease_10k 10000"
+)
+declare -A block=(
+	[baseline]="" [embedded]="$embedded" [embedded_headers_off]="$embedded_off"
+	[redis]="$strict" [redis_hot]="$strict" [redis_10k]="$strict"
+	[lease]="$leased" [lease_hot]="$leased" [lease_10k]="$leased"
+)
+picked=()
+for s in "${all[@]}"; do
+	n=${s%% *}
+	if [ -z "${ONLY:-}" ] || [[ " $ONLY baseline " == *" $n "* ]]; then picked+=("$s"); fi
+done
+
+# Rounds interleave the scenarios and rotate their order (A B C, B C A,
 # ...) so that drift of a noisy machine, and whatever one scenario leaves
 # behind for the next, hits all of them alike; each ratio is taken against
 # the baseline of its own round, and the table shows medians over rounds.
-names=(baseline embedded redis redis_lease)
-blocks=("" "$(printf "$policy" '' '')" "$(printf "$policy" "$redis_block" '')" "$(printf "$policy" "$redis_block" 'lease 50')")
 results=()
+k=${#picked[@]}
 for round in $(seq "$ROUNDS"); do
 	echo "round $round of $ROUNDS..." >&2
-	for i in 0 1 2 3; do
-		j=$(((i + round - 1) % 4))
-		results+=("$round $(scenario "${names[$j]}" "${blocks[$j]}")")
+	for i in $(seq 0 $((k - 1))); do
+		j=$(((i + round - 1) % k))
+		set -- ${picked[$j]}
+		results+=("$round $(scenario "$1" "$2" "${block[$1]}")")
 	done
 done
 
@@ -123,29 +165,34 @@ rounds, duration, conns = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = [r.split() for r in sys.argv[4:]]
 labels = {
     "baseline": "plain Caddy `respond` (baseline)",
-    "embedded": "rate_limit, embedded store",
-    "redis": "rate_limit, Redis, no lease",
-    "redis_lease": "rate_limit, Redis, `lease 50`",
+    "embedded": "embedded store",
+    "embedded_headers_off": "embedded store, `headers off`",
+    "redis": "Redis, strict (no lease)",
+    "redis_hot": "Redis, strict, one hot tenant",
+    "redis_10k": "Redis, strict, 10 000 tenants",
+    "lease": "Redis, `lease 50`",
+    "lease_hot": "Redis, `lease 50`, one hot tenant",
+    "lease_10k": "Redis, `lease 50`, 10 000 tenants",
 }
 def ms(v):
     for unit, f in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
         if v.endswith(unit):
             return float(v[:-len(unit)]) * f
     return float(v)
-order = ["baseline", "embedded", "redis", "redis_lease"]
+order = [n for n in labels if any(r[1] == n for r in rows)]
 base = {rnd: float(rps) for rnd, name, rps, *_ in rows if name == "baseline"}
 by = {name: [] for name in order}
-for rnd, name, rps, p50, p99, calls in rows:
-    by[name].append((float(rps), float(rps) / base[rnd], ms(p50), ms(p99), float(calls)))
+for rnd, name, rps, p50, p99, calls, trips in rows:
+    by[name].append((float(rps), float(rps) / base[rnd], ms(p50), ms(p99), float(calls), float(trips)))
 med = lambda xs: statistics.median(xs)
-print(f"{rounds} interleaved rounds of {duration}, {conns} connections; medians over rounds, ratio against the same round's baseline.")
+print(f"{rounds} interleaved rounds of {duration}, {conns} connections, 100 tenants unless said; medians over rounds, ratio against the same round's baseline (range over rounds).")
 print()
-print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request |")
-print("|---|---|---|---|---|---|")
+print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request | Redis round trips per request |")
+print("|---|---|---|---|---|---|---|")
 for name in order:
     xs = by[name]
     ratios = sorted(x[1] for x in xs)
     spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if len(ratios) > 1 else ""
     print(f"| {labels.get(name, name)} | {med([x[0] for x in xs]):.0f} | {med(ratios):.2f}{spread} | "
-          f"{med([x[2] for x in xs]):.2f} ms | {med([x[3] for x in xs]):.2f} ms | {med([x[4] for x in xs]):.3f} |")
+          f"{med([x[2] for x in xs]):.2f} ms | {med([x[3] for x in xs]):.2f} ms | {med([x[4] for x in xs]):.3f} | {med([x[5] for x in xs]):.3f} |")
 PY
