@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -376,18 +377,19 @@ func TestRedisRealTime(t *testing.T) {
 	if ok || res[0].RetryAfter <= 59*time.Minute || res[0].RetryAfter > time.Hour {
 		t.Fatalf("4th: %v %+v", ok, res)
 	}
-	// The log holds three 8-byte timestamps, taken from Redis TIME.
-	raw, err := client.Get(bgCtx, "real:sliding_log:{t}:p").Bytes()
-	if err != nil || len(raw) != 24 {
+	// The log holds three units, the newest taken from Redis TIME: a
+	// list [base, ts1, cum1, ...] of one entry per admission.
+	raw, err := client.LRange(bgCtx, "real:sliding_log:{t}:p", 0, -1).Result()
+	if err != nil || len(raw) < 3 || len(raw)%2 != 1 || raw[0] != "0" || raw[len(raw)-1] != "3" {
 		t.Fatalf("log %q %v", raw, err)
 	}
 	tm, err := client.Time(bgCtx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ts int64
-	for i := 7; i >= 0; i-- {
-		ts = ts<<8 | int64(raw[i])
+	ts, err := strconv.ParseInt(raw[len(raw)-2], 10, 64)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if d := tm.Sub(time.UnixMicro(ts)); d < 0 || d > 5*time.Second {
 		t.Fatalf("logged %s, Redis TIME %s", time.UnixMicro(ts), tm)
