@@ -230,7 +230,7 @@ ALGORITHMS.sliding_log = function()
       local merge = n > 0 and ts(v, n) == t
       if n == 0 then
         if v.stale then redis.call('DEL', key) end
-        redis.call('RPUSH', key, 0, int(t), int(s.p))
+        redis.call('RPUSH', key, 0, int(t), int(addmod(0, s.p)))
       else
         if e > 0 then redis.call('LTRIM', key, int(2 * e), -1) end
         if merge then
