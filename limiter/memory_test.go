@@ -450,7 +450,7 @@ func TestSlidingLogWeight(t *testing.T) {
 	heavy := Check{Algorithm: SlidingLog, Tenant: "heavy", Policy: "l", Rate: Rate{Limit: 1000, Window: time.Hour}, Cost: 160}
 	mustDecide(t, m, heavy)
 	// One admission is one entry, whatever its cost: the smallest buffer
-	// (4 entries, 64 bytes) weighs nothing beyond the bucket.
+	// (2 entries, 32 bytes) weighs nothing beyond the bucket.
 	if m.Len() != 16 || m.weight() != 16 {
 		t.Fatalf("Len %d, weight %d; want 16, 16", m.Len(), m.weight())
 	}

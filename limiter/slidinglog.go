@@ -202,7 +202,7 @@ func (l *logRing) firstAfter(cutoff int64) int {
 }
 
 // minLogBuf is the smallest buffer of a logRing.
-const minLogBuf = 4
+const minLogBuf = 2
 
 // trim drops the entries at or before cutoff. A buffer left less than a
 // quarter full is halved until it is not, so a log that was long once does
