@@ -21,7 +21,8 @@ const (
 	// FixedWindow counts per window aligned to the Unix epoch; it admits up
 	// to 2 x Limit around a window boundary.
 	FixedWindow
-	// SlidingLog keeps one timestamp per admitted unit: exact, O(Limit) memory.
+	// SlidingLog logs every admission in the window: exact, memory per
+	// admission (not per unit) in the window.
 	SlidingLog
 	// Concurrency limits requests in flight; a slot is held until Release.
 	Concurrency

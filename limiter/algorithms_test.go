@@ -408,53 +408,88 @@ func TestExpiresAt(t *testing.T) {
 }
 
 func TestLogRing(t *testing.T) {
+	entries := func(l *logRing) []logEntry {
+		var es []logEntry
+		for i := range l.len() {
+			es = append(es, l.at(i))
+		}
+		return es
+	}
+	same := func(l *logRing, want ...logEntry) {
+		t.Helper()
+		if got := entries(l); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("entries %v, want %v", got, want)
+		}
+	}
 	var l logRing
-	l.add(1, 3, 5)
-	l.add(2, 2, 5)
-	if l.len() != 5 || len(l.buf) != 5 {
-		t.Fatalf("len %d cap %d, want 5 5", l.len(), len(l.buf))
+	l.add(1, 3)
+	l.add(2, 2)
+	same(&l, logEntry{1, 3}, logEntry{2, 5})
+	if l.unitsFrom(0) != 5 || l.unitsFrom(1) != 2 || l.unitsFrom(2) != 0 {
+		t.Fatalf("unitsFrom %d %d %d", l.unitsFrom(0), l.unitsFrom(1), l.unitsFrom(2))
+	}
+	// The k-th oldest unit: units 1-3 are in entry 0, 4-5 in entry 1.
+	for k, want := range []int{0, 0, 0, 1, 1} {
+		if got := l.unitEntry(0, int64(k+1)); got != want {
+			t.Fatalf("unitEntry(0, %d) = %d, want %d", k+1, got, want)
+		}
+	}
+	if got := l.unitEntry(1, 2); got != 1 {
+		t.Fatalf("unitEntry(1, 2) = %d", got)
 	}
 	l.trim(1)
-	if l.len() != 2 || l.at(0) != 2 {
-		t.Fatalf("after trim: len %d first %d", l.len(), l.at(0))
+	same(&l, logEntry{2, 5})
+	if l.base != 3 || l.unitsFrom(0) != 2 {
+		t.Fatalf("after trim: base %d, units %d", l.base, l.unitsFrom(0))
 	}
-	// Wraps around the end of the buffer.
-	l.add(3, 3, 5)
-	want := []int64{2, 2, 3, 3, 3}
-	for i, w := range want {
-		if l.at(i) != w {
-			t.Fatalf("at(%d) = %d, want %d", i, l.at(i), w)
-		}
+	// Same instant: one entry. A clock going back logs at the newest
+	// instant, in the newest entry.
+	l.add(2, 4)
+	l.add(1, 1)
+	same(&l, logEntry{2, 10})
+	// Wraps around the end of the buffer (4 entries).
+	for i := range 5 {
+		l.add(int64(3+i), 1)
 	}
-	// Full: the oldest are dropped, never more than limit entries.
-	l.add(4, 2, 5)
-	want = []int64{3, 3, 3, 4, 4}
-	for i, w := range want {
-		if l.at(i) != w {
-			t.Fatalf("at(%d) = %d, want %d", i, l.at(i), w)
-		}
+	if len(l.buf) != 8 {
+		t.Fatalf("buffer %d after 6 entries, want 8", len(l.buf))
 	}
-	// A lowered limit shrinks the buffer.
-	l.add(5, 1, 2)
-	if l.len() != 2 || len(l.buf) != 2 || l.at(0) != 4 || l.at(1) != 5 {
-		t.Fatalf("after lowered limit: len %d cap %d", l.len(), len(l.buf))
+	l.trim(4)
+	for i := range 4 {
+		l.add(int64(8+i), int64(i+1))
 	}
-	// A clock going back logs at the newest instant.
-	l.add(1, 1, 2)
-	if l.at(1) != 5 {
-		t.Fatalf("backwards add logged %d", l.at(1))
+	same(&l, logEntry{5, 13}, logEntry{6, 14}, logEntry{7, 15}, logEntry{8, 16}, logEntry{9, 18}, logEntry{10, 21}, logEntry{11, 25})
+	if l.head == 0 {
+		t.Fatal("the ring did not wrap")
 	}
-	// Grows lazily.
+	if got := l.unitEntry(0, 4); got != 3 || l.unitsFrom(0) != 13 {
+		t.Fatalf("unitEntry(0, 4) = %d, units %d", got, l.unitsFrom(0))
+	}
+	if l.firstAfter(7) != 3 || l.firstAfter(0) != 0 || l.firstAfter(11) != 7 {
+		t.Fatalf("firstAfter %d %d %d", l.firstAfter(7), l.firstAfter(0), l.firstAfter(11))
+	}
+	// A buffer left less than a quarter full shrinks.
 	var g logRing
-	g.add(1, 1, 1000)
-	if len(g.buf) != 4 {
-		t.Fatalf("first buffer %d, want 4", len(g.buf))
+	for i := range 1000 {
+		g.add(int64(i), 1)
 	}
-	for i := range 100 {
-		g.add(int64(i), 1, 1000)
+	if len(g.buf) != 1024 || g.bytes() != 1024*logEntryBytes {
+		t.Fatalf("buffer %d after 1000 entries, want 1024", len(g.buf))
 	}
-	if len(g.buf) != 128 {
-		t.Fatalf("buffer %d after 101 adds, want 128", len(g.buf))
+	g.trim(989)
+	if g.len() != 10 || len(g.buf) != 32 || g.unitsFrom(0) != 10 {
+		t.Fatalf("after trim to 10 entries: len %d, buffer %d, units %d", g.len(), len(g.buf), g.unitsFrom(0))
+	}
+	g.trim(2000)
+	if g.len() != 0 || len(g.buf) != minLogBuf || g.base != 1000 {
+		t.Fatalf("emptied: len %d, buffer %d, base %d", g.len(), len(g.buf), g.base)
+	}
+	// Cums wrap around int64: differences stay exact.
+	w := logRing{base: math.MaxInt64 - 1}
+	w.add(1, math.MaxInt64/2)
+	w.add(2, 5)
+	if w.unitsFrom(0) != math.MaxInt64/2+5 || w.unitsFrom(1) != 5 || w.unitEntry(0, math.MaxInt64/2+1) != 1 {
+		t.Fatalf("wrapped cums: units %d %d, entry %d", w.unitsFrom(0), w.unitsFrom(1), w.unitEntry(0, math.MaxInt64/2+1))
 	}
 }
 

@@ -250,6 +250,52 @@ func conformanceScenarios() []confScenario {
 			{at: 10 * sec, cost: 2, rate: Rate{Limit: 2, Window: 10 * sec}, want: wantAllow(0, 10*sec)},
 			{at: 10 * sec, cost: 1, want: wantAllow(2, 10*sec)},
 		}),
+		// Costs and limits up to 2^53 are one entry each: the log's
+		// running count wraps around 2^53 in Redis several times here, and
+		// a window holding exactly 2^53 units is full, not empty.
+		fromAlgoScenario("sliding_log/huge_costs", SlidingLog, Rate{Limit: MaxCount, Window: 10 * sec}, []algoStep{
+			{at: 0, cost: 1 << 40, want: wantAllow(MaxCount-1<<40, 10*sec)},
+			{at: sec, cost: MaxCount - 1<<40, want: wantAllow(0, 9*sec)},
+			{at: 2 * sec, cost: 1, want: wantDeny(0, 8*sec, 8*sec)},
+			// The (2^40+1)-th oldest unit is the first one logged at 1s.
+			{at: 2 * sec, cost: 1<<40 + 1, want: wantDeny(0, 9*sec, 8*sec)},
+			{at: 2 * sec, cost: MaxCount, want: wantDeny(0, 9*sec, 8*sec)},
+			{at: 10 * sec, cost: 1 << 40, want: wantAllow(0, sec)},
+			{at: 11 * sec, cost: MaxCount - 1<<40, want: wantAllow(0, 9*sec)},
+			{at: 12 * sec, cost: 0, want: wantAllow(0, 8*sec)},
+			{at: 20 * sec, cost: 1, want: wantAllow(1<<40-1, sec)},
+			{at: 20 * sec, cost: 1 << 40, want: wantDeny(1<<40-1, sec, sec)},
+			{at: 31 * sec, cost: 0, want: wantAllow(MaxCount, 0)},
+		}),
+		// Admissions at one instant share an entry; the k-th oldest unit
+		// is found inside it.
+		fromAlgoScenario("sliding_log/same_instant", SlidingLog, Rate{Limit: 6, Window: 10 * sec}, []algoStep{
+			{at: 0, cost: 1, want: wantAllow(5, 10*sec)},
+			{at: 0, cost: 2, want: wantAllow(3, 10*sec)},
+			{at: 0, cost: 1, want: wantAllow(2, 10*sec)},
+			{at: 5 * sec, cost: 2, want: wantAllow(0, 5*sec)},
+			{at: 5 * sec, cost: 3, want: wantDeny(0, 5*sec, 5*sec)},
+			{at: 5 * sec, cost: 5, want: wantDeny(0, 10*sec, 5*sec)},
+			{at: 10 * sec, cost: 0, want: wantAllow(4, 5*sec)},
+			{at: 10 * sec, cost: 4, want: wantAllow(0, 5*sec)},
+			{at: 15 * sec, cost: 0, want: wantAllow(2, 5*sec)},
+		}),
+		// Units logged while the clock is back join the newest entry.
+		fromAlgoScenario("sliding_log/clock_backwards_entries", SlidingLog, Rate{Limit: 10, Window: 10 * sec}, []algoStep{
+			{at: 15 * sec, cost: 3, want: wantAllow(7, 10*sec)},
+			{at: 16 * sec, cost: 3, want: wantAllow(4, 9*sec)},
+			{at: 14 * sec, cost: 2, want: wantAllow(2, 11*sec)},
+			{at: 14 * sec, cost: 3, want: wantDeny(2, 11*sec, 11*sec)},
+			{at: 25 * sec, cost: 0, want: wantAllow(5, sec)},
+			{at: 26 * sec, cost: 0, want: wantAllow(10, 0)},
+		}),
+		fromAlgoScenario("sliding_log/min_interval_huge", SlidingLog, Rate{Limit: MaxCount, Window: 10 * sec, MinInterval: 3 * sec}, []algoStep{
+			{at: 0, cost: 1 << 52, want: wantAllow(1<<52-1, 10*sec)},
+			{at: sec, cost: 1, want: wantDeny(1<<52-1, 2*sec, 9*sec)},
+			{at: 3 * sec, cost: 1<<52 - 1, want: wantAllow(0, 7*sec)},
+			{at: 5 * sec, cost: 1, want: wantDeny(0, 5*sec, 5*sec)},
+			{at: 11 * sec, cost: 1, want: wantAllow(1<<52-1, 2*sec)},
+		}),
 		fromAlgoScenario("concurrency", Concurrency, Rate{Limit: 2}, []algoStep{
 			{cost: 1, want: wantAllow(1, sec)},
 			{cost: 1, want: wantAllow(0, sec)},
@@ -329,6 +375,22 @@ func conformanceScenarios() []confScenario {
 		peekStep(0, cks(mi), wantAllow(3, 0)),
 		// A shadow duplicate sees the enforcing one's charge.
 		decideStep(sec, true, cks(x, asShadow(withCost(x, 2))), wantAllow(1, sec), wantDeny(1, sec, sec)),
+	}})
+
+	// Chained checks of one sliding log: each sees the units the earlier
+	// ones would log; a denial charges none of them.
+	sl := Check{Algorithm: SlidingLog, Tenant: "t", Policy: "chain", Rate: Rate{Limit: 5, Window: 10 * sec}, Cost: 1}
+	scs = append(scs, confScenario{name: "sliding_log_chained", steps: []confStep{
+		decideStep(0, true, cks(withCost(sl, 2), withCost(sl, 2)), wantAllow(3, 10*sec), wantAllow(1, 10*sec)),
+		decideStep(sec, false, cks(sl, sl), wantAllow(1, 9*sec), wantDeny(0, 9*sec, 9*sec)),
+		decideStep(sec, true, cks(sl, asShadow(withCost(sl, 2))), wantAllow(0, 9*sec), wantDeny(0, 9*sec, 9*sec)),
+		decideStep(10*sec, true, cks(withCost(sl, 3), sl), wantAllow(1, sec), wantAllow(0, sec)),
+		peekStep(10*sec, cks(sl), wantDeny(0, sec, sec)),
+		peekStep(11*sec, cks(withCost(sl, 0)), wantAllow(1, 9*sec)),
+		// Three checks, the third denied by the two before it: the others
+		// report their bucket as it is.
+		decideStep(20*sec, false, cks(withCost(sl, 2), withCost(sl, 2), withCost(sl, 2)), wantAllow(5, 0), wantAllow(5, 0), wantDeny(1, 10*sec, 10*sec)),
+		peekStep(20*sec, cks(withCost(sl, 0)), wantAllow(5, 0)),
 	}})
 
 	// Peek never charges and reports what Decide would.
@@ -471,6 +533,11 @@ func hostileScenario() confScenario {
 // TestConformance plays every scenario on both stores.
 func TestConformance(t *testing.T) {
 	targets := conformanceTargets(t)
+	for _, target := range targets {
+		// Some scenarios charge costs of up to 2^53 to a sliding log.
+		s, _ := target.new(t)
+		requireGroupedLog(t, s)
+	}
 	for _, sc := range conformanceScenarios() {
 		t.Run(sc.name, func(t *testing.T) {
 			for _, target := range targets {

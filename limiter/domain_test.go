@@ -71,9 +71,6 @@ func TestCostBeyondDomain(t *testing.T) {
 					t.Errorf("%s %s: remaining %d after a denied cost %d, want %d (nothing charged)", store.name, a, rem, cost, MaxCount)
 				}
 			}
-			if a == SlidingLog {
-				continue // TODO(slog): the per-unit log cannot hold MaxCount units yet
-			}
 			if a == GCRA {
 				// More than one unit per microsecond: GCRA's interval rounds
 				// up to 1µs on Redis (1ns in memory), so its tolerance differs.

@@ -91,7 +91,8 @@ func (b *pureBucket) decide(now int64, r Rate, cost int64) Result {
 	res, next := evalAlgorithm(b.algo, b.s, &b.log, now, r, cost)
 	if res.Allowed && cost > 0 {
 		if b.algo == SlidingLog {
-			b.log.add(now, cost, r.Limit)
+			b.log.trim(now - int64(r.Window))
+			b.log.add(now, cost)
 			next = bucketState{At: next.At}
 		}
 		b.s = next
@@ -104,6 +105,6 @@ func (b *pureBucket) release(n int64) { b.s = concurrencyRelease(b.s, n) }
 // clone returns a copy of b that shares no memory with it.
 func (b *pureBucket) clone() *pureBucket {
 	c := *b
-	c.log.buf = append([]int64(nil), b.log.buf...)
+	c.log.buf = append([]logEntry(nil), b.log.buf...)
 	return &c
 }

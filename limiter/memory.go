@@ -18,7 +18,7 @@ type MemoryOptions struct {
 	Clock Clock
 	// MaxKeys bounds how many buckets the store keeps; 0 means 1<<20 (about
 	// 170 MB at most for the O(1) algorithms). A sliding log counts as one
-	// bucket plus one per 16 timestamps of buffer (128 bytes).
+	// bucket plus one per 128 bytes of its buffer (8 admissions).
 	MaxKeys int
 	// SweepInterval is how often a background goroutine deletes expired
 	// buckets; 0 means one minute, a negative value disables the sweeper
@@ -41,9 +41,9 @@ const (
 	// minShardBudget keeps shards from getting so small that hashing
 	// imbalance matters: a store with few MaxKeys has fewer shards.
 	minShardBudget = 16
-	// logUnitsPerWeight is how many sliding-log timestamps count as one
-	// bucket against MaxKeys.
-	logUnitsPerWeight = 16
+	// logBytesPerWeight is how many bytes of sliding-log buffer count as
+	// one bucket against MaxKeys.
+	logBytesPerWeight = 128
 	// sweepChunk is how many buckets the background sweeper examines per
 	// lock hold.
 	sweepChunk = 1024
@@ -75,10 +75,10 @@ var errShortResults = errors.New("limiter: results is shorter than checks")
 // shard is over its share it first deletes its expired buckets (a sweep,
 // at most once per half a share of insertions, so the cost is amortized),
 // then the least recently used ones. A sliding log weighs one plus one per
-// 16 timestamps of its buffer, so a flood of random tenants (tiny logs)
-// and a few heavy tenants (long logs) share the same bound. A single log
-// larger than a shard's share is kept all the same (its size is bounded by
-// the configured limit).
+// 128 bytes of its buffer (16 bytes per admission in its window), so a
+// flood of random tenants (tiny logs) and a few heavy tenants (long logs)
+// share the same bound. A single log larger than a shard's share is kept
+// all the same (it holds at most one entry per admission in its window).
 //
 // A concurrency bucket with units in flight never expires and is never
 // evicted, because forgetting it would let its tenant exceed the limit:
@@ -124,10 +124,7 @@ type memEntry struct {
 
 // weight is what e counts against MaxKeys.
 func (e *memEntry) weight() int {
-	if e.log == nil {
-		return 1
-	}
-	return 1 + len(e.log.buf)/logUnitsPerWeight
+	return 1 + e.log.bytes()/logBytesPerWeight
 }
 
 // NewMemoryStore returns an empty store and starts its sweeper; Close stops
@@ -256,7 +253,10 @@ func (m *MemoryStore) charge(sc *memScratch, checks []Check, now int64) {
 			if e.log == nil {
 				e.log = new(logRing)
 			}
-			e.log.add(now, c.Cost, c.Rate.Limit)
+			// Trimmed first with this check's window, the log never
+			// holds more than Limit units.
+			e.log.trim(now - int64(c.Rate.Window))
+			e.log.add(now, c.Cost)
 			e.s = bucketState{At: sc.next[i].At}
 		} else {
 			e.s = sc.next[i]
@@ -575,18 +575,19 @@ func (sc *memScratch) uses(e *memEntry) bool {
 // sliding-log units that left the window; neither changes what the entry
 // means, only how it is stored.
 func (sh *memShard) refresh(e *memEntry, now int64, c *Check) {
+	if e.log == nil && now < e.expires {
+		return
+	}
+	w := e.weight()
 	if now >= e.expires {
-		w := e.weight()
 		e.s = bucketState{}
 		if e.log != nil {
 			e.log.reset()
 		}
-		sh.weight += e.weight() - w
-		return
-	}
-	if e.log != nil {
+	} else {
 		e.log.trim(now - int64(c.Rate.Window))
 	}
+	sh.weight += e.weight() - w
 }
 
 // insert adds a fresh bucket for key at the head of the LRU list.

@@ -277,12 +277,15 @@ func TestExpiryAndSweep(t *testing.T) {
 // deletes it, and its log memory is given back.
 func TestExpiredLookup(t *testing.T) {
 	m, clk := newTestStore(t, MemoryOptions{})
-	c := Check{Algorithm: SlidingLog, Tenant: "t", Policy: "p", Rate: Rate{Limit: 1000, Window: 10 * time.Second}, Cost: 1000}
-	mustDecide(t, m, c)
-	if w := m.weight(); w != 1+1000/logUnitsPerWeight {
+	c := Check{Algorithm: SlidingLog, Tenant: "t", Policy: "p", Rate: Rate{Limit: 1000, Window: 10 * time.Second}, Cost: 10}
+	for i := range 100 {
+		clk.Set(baseTime.Add(time.Duration(i) * time.Millisecond))
+		mustDecide(t, m, c)
+	}
+	if w := m.weight(); w != 1+128*logEntryBytes/logBytesPerWeight {
 		t.Fatalf("weight %d", w)
 	}
-	clk.Advance(10 * time.Second)
+	clk.Set(baseTime.Add(10*time.Second + 99*time.Millisecond))
 	c.Cost = 1
 	if ok, res := mustDecide(t, m, c); !ok || res[0].Remaining != 999 {
 		t.Fatalf("expired log not fresh: %v %+v", ok, res)
@@ -440,24 +443,46 @@ func TestConcurrencyNeverEvicted(t *testing.T) {
 }
 
 func TestSlidingLogWeight(t *testing.T) {
-	m, _ := newTestStore(t, MemoryOptions{MaxKeys: 16})
+	m, clk := newTestStore(t, MemoryOptions{MaxKeys: 16})
 	for i := range 16 {
 		mustDecide(t, m, tbCheck(strconv.Itoa(i), "p", 10, time.Hour))
 	}
 	heavy := Check{Algorithm: SlidingLog, Tenant: "heavy", Policy: "l", Rate: Rate{Limit: 1000, Window: time.Hour}, Cost: 160}
 	mustDecide(t, m, heavy)
-	// 160 timestamps weigh 10 buckets: 11 small ones had to go.
-	if m.Len() != 6 || m.weight() != 16 {
-		t.Fatalf("Len %d, weight %d; want 6, 16", m.Len(), m.weight())
+	// One admission is one entry, whatever its cost: the smallest buffer
+	// (2 entries, 32 bytes) weighs nothing beyond the bucket.
+	if m.Len() != 16 || m.weight() != 16 {
+		t.Fatalf("Len %d, weight %d; want 16, 16", m.Len(), m.weight())
+	}
+	// 40 admissions at distinct instants: a buffer of 64 entries (1 KiB)
+	// weighs 8 buckets more, so 8 small ones had to go.
+	heavy.Cost = 1
+	for range 39 {
+		clk.Advance(time.Millisecond)
+		mustDecide(t, m, heavy)
+	}
+	if m.Len() != 8 || m.weight() != 16 {
+		t.Fatalf("Len %d, weight %d; want 8, 16", m.Len(), m.weight())
 	}
 	// A log larger than the whole budget is kept on its own.
-	heavy.Cost = 1
-	mustDecide(t, m, heavy)
-	if m.Len() != 1 || m.weight() != 1+320/logUnitsPerWeight {
+	for range 80 {
+		clk.Advance(time.Millisecond)
+		mustDecide(t, m, heavy)
+	}
+	if m.Len() != 1 || m.weight() != 1+128*logEntryBytes/logBytesPerWeight {
 		t.Fatalf("Len %d, weight %d", m.Len(), m.weight())
 	}
-	if got := mustPeek(t, m, heavy)[0]; got.Remaining != 1000-161 {
+	if got := mustPeek(t, m, heavy)[0]; got.Remaining != 1000-160-119 {
 		t.Fatalf("heavy log: %+v", got)
+	}
+	// Once its entries left the window, the buffer shrinks and so does
+	// its weight.
+	clk.Advance(time.Hour - 20*time.Millisecond)
+	if got := mustPeek(t, m, heavy)[0]; got.Remaining != 1000-20 {
+		t.Fatalf("heavy log after most of it expired: %+v", got)
+	}
+	if m.weight() != 1+64*logEntryBytes/logBytesPerWeight {
+		t.Fatalf("weight %d after the log shrank to 20 entries", m.weight())
 	}
 }
 

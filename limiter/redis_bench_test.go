@@ -32,7 +32,7 @@ func benchRedisStore(b *testing.B) (*RedisStore, *redis.Client) {
 }
 
 // infoField returns field of an INFO section.
-func infoField(b *testing.B, client *redis.Client, section, field string) string {
+func infoField(b testing.TB, client *redis.Client, section, field string) string {
 	b.Helper()
 	info, err := client.Info(bgCtx, section).Result()
 	if err != nil {
@@ -47,7 +47,7 @@ func infoField(b *testing.B, client *redis.Client, section, field string) string
 }
 
 // evalshaUsecPerCall reads usec_per_call of EVALSHA from INFO commandstats.
-func evalshaUsecPerCall(b *testing.B, client *redis.Client) float64 {
+func evalshaUsecPerCall(b testing.TB, client *redis.Client) float64 {
 	b.Helper()
 	for _, kv := range strings.Split(infoField(b, client, "commandstats", "cmdstat_evalsha"), ",") {
 		if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
@@ -60,6 +60,112 @@ func evalshaUsecPerCall(b *testing.B, client *redis.Client) float64 {
 	}
 	b.Fatal("no evalsha in INFO commandstats")
 	return 0
+}
+
+// evalshaStats reads calls and usec (total µs) of EVALSHA from INFO
+// commandstats.
+func evalshaStats(tb testing.TB, client *redis.Client) (calls, usec float64) {
+	tb.Helper()
+	for _, kv := range strings.Split(infoField(tb, client, "commandstats", "cmdstat_evalsha"), ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		switch k {
+		case "calls":
+			calls = f
+		case "usec":
+			usec = f
+		default:
+			continue
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return calls, usec
+}
+
+// fillSlidingLog admits n requests of c.Cost on the sliding log of c, at
+// the µs instants start, start+step, ..., start+(n-1)step: the decide
+// script called directly, pipelined, so that a log of 100 000 entries
+// fills in seconds. It returns the instant after the last one.
+func fillSlidingLog(tb testing.TB, client *redis.Client, prefix string, c Check, n int, start, step int64) int64 {
+	tb.Helper()
+	if err := decideScript.Load(bgCtx, client).Err(); err != nil {
+		tb.Fatal(err)
+	}
+	keys := []string{string(AppendKey(nil, prefix, SlidingLog, c.Tenant, c.Policy, c.Part))}
+	for done := 0; done < n; {
+		batch := min(n-done, 500)
+		cmds, err := client.Pipelined(bgCtx, func(p redis.Pipeliner) error {
+			for i := range batch {
+				now := start + int64(done+i)*step
+				decideScript.EvalSha(bgCtx, p, keys, "decide", now, "sliding_log", c.Rate.Limit,
+					micros(c.Rate.Window), 0, micros(c.Rate.MinInterval), c.Cost, "0")
+			}
+			return nil
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, cmd := range cmds {
+			if v, _ := cmd.(*redis.Cmd).Slice(); len(v) < 1 || v[0] != int64(1) {
+				tb.Fatalf("fill: request denied: %v", v)
+			}
+		}
+		done += batch
+	}
+	return start + int64(n)*step
+}
+
+// BenchmarkRedisSlidingLog: one decision on a sliding log that holds 1000,
+// 30 000 or 100 000 admissions in its window, each decision admitting one
+// more while the oldest leaves (1ms apart), so the log keeps its length.
+// redis-usec/call is the script's time inside Redis, bytes/admission the
+// key's MEMORY USAGE over the admissions it holds.
+//
+//	go test -run xxx -bench RedisSlidingLog -benchtime 2000x ./limiter/
+func BenchmarkRedisSlidingLog(b *testing.B) {
+	srv := redistest.StartStandalone(b, redistest.Options{})
+	client := srv.Client(b)
+	for _, n := range []int{1000, 30_000, 100_000} {
+		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
+			const step = 1000 // µs between admissions
+			c := Check{Algorithm: SlidingLog, Tenant: fmt.Sprintf("log-%d", n), Policy: "p",
+				Rate: Rate{Limit: 1 << 40, Window: time.Duration(n*step) * time.Microsecond}, Cost: 1}
+			var now atomic.Int64
+			now.Store(fillSlidingLog(b, client, "rl", c, n, baseTime.UnixMicro(), step))
+			s := NewRedisStore(RedisOptions{Client: client, Timeout: time.Second})
+			s.now = now.Load
+			key := string(AppendKey(nil, "rl", SlidingLog, c.Tenant, c.Policy, ""))
+			bytes, err := client.MemoryUsage(bgCtx, key, 0).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			checks := []Check{c}
+			res := make([]Result, 1)
+			decide := func() {
+				if ok, err := s.Decide(bgCtx, checks, res); !ok || err != nil {
+					b.Fatal(ok, err)
+				}
+				now.Add(step)
+			}
+			for range 1000 { // warm up (Lua heap, client buffers)
+				decide()
+			}
+			if err := client.ConfigResetStat(bgCtx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				decide()
+			}
+			if res[0].Remaining != 1<<40-int64(n) {
+				b.Fatalf("Remaining %d: the log does not hold %d units", res[0].Remaining, n)
+			}
+			b.ReportMetric(evalshaUsecPerCall(b, client), "redis-usec/call")
+			b.ReportMetric(float64(bytes)/float64(n), "bytes/admission")
+		})
+	}
 }
 
 // benchDecide runs Decide of checks in a loop and reports the script's

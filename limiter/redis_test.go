@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -376,18 +377,19 @@ func TestRedisRealTime(t *testing.T) {
 	if ok || res[0].RetryAfter <= 59*time.Minute || res[0].RetryAfter > time.Hour {
 		t.Fatalf("4th: %v %+v", ok, res)
 	}
-	// The log holds three 8-byte timestamps, taken from Redis TIME.
-	raw, err := client.Get(bgCtx, "real:sliding_log:{t}:p").Bytes()
-	if err != nil || len(raw) != 24 {
+	// The log holds three units, the newest taken from Redis TIME: a
+	// list [base, ts1, cum1, ...] of one entry per admission.
+	raw, err := client.LRange(bgCtx, "real:sliding_log:{t}:p", 0, -1).Result()
+	if err != nil || len(raw) < 3 || len(raw)%2 != 1 || raw[0] != "0" || raw[len(raw)-1] != "3" {
 		t.Fatalf("log %q %v", raw, err)
 	}
 	tm, err := client.Time(bgCtx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ts int64
-	for i := 7; i >= 0; i-- {
-		ts = ts<<8 | int64(raw[i])
+	ts, err := strconv.ParseInt(raw[len(raw)-2], 10, 64)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if d := tm.Sub(time.UnixMicro(ts)); d < 0 || d > 5*time.Second {
 		t.Fatalf("logged %s, Redis TIME %s", time.UnixMicro(ts), tm)
@@ -569,6 +571,53 @@ func TestRedisCluster(t *testing.T) {
 					}
 				}
 			})
+		}
+	})
+
+	t.Run("CrossSlotSlidingLog", func(t *testing.T) {
+		// A refund takes the units back from the entry they were logged
+		// in (shared with an earlier admission at the same instant), or
+		// removes the entry they made.
+		s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+		clk := newManualClock(baseTime)
+		s.now = func() int64 { return clk.Now().UnixMicro() }
+		a := Check{Algorithm: SlidingLog, Tenant: "xl-a", Policy: "p", Rate: Rate{Limit: 10, Window: time.Hour}, Cost: 1}
+		b := Check{Algorithm: FixedWindow, Tenant: "xl-b", Policy: "p", Rate: Rate{Limit: 1, Window: time.Hour}, Cost: 1}
+		keyA := string(AppendKey(nil, "rl", a.Algorithm, a.Tenant, a.Policy, ""))
+		if keySlot([]byte(keyA)) == keySlot(AppendKey(nil, "rl", b.Algorithm, b.Tenant, b.Policy, "")) {
+			t.Fatal("pick tenants in different slots")
+		}
+		t0, sec := baseTime.UnixMicro(), int64(time.Second/time.Microsecond)
+		list := func(want ...int64) {
+			t.Helper()
+			raw := client.LRange(bgCtx, keyA, 0, -1).Val()
+			ok := len(raw) == len(want)
+			for i := 0; ok && i < len(raw); i++ {
+				ok = raw[i] == strconv.FormatInt(want[i], 10)
+			}
+			if !ok {
+				t.Fatalf("list %v, want %v", raw, want)
+			}
+		}
+		mustDecide(t, s, withCost(a, 2))
+		clk.Set(baseTime.Add(time.Second))
+		mustDecide(t, s, withCost(a, 3))
+		if ok, _ := mustDecide(t, s, a, b); !ok {
+			t.Fatal("denied")
+		}
+		list(0, t0, 2, t0+sec, 6)
+		ok, res := mustDecide(t, s, withCost(a, 2), b)
+		if ok || !res[0].Allowed || res[0].Remaining != 4 || res[1].Allowed {
+			t.Fatalf("refunded at the same instant: %v %+v", ok, res)
+		}
+		list(0, t0, 2, t0+sec, 6)
+		clk.Set(baseTime.Add(2 * time.Second))
+		if ok, _ := mustDecide(t, s, withCost(a, 4), b); ok {
+			t.Fatal("admitted")
+		}
+		list(0, t0, 2, t0+sec, 6)
+		if got := mustPeek(t, s, withCost(a, 0))[0]; got != wantAllow(4, time.Hour-2*time.Second) {
+			t.Fatalf("after the refunds: %+v", got)
 		}
 	})
 

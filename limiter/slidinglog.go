@@ -13,9 +13,7 @@ import (
 //
 //	count + n <= Limit  and  (MinInterval == 0 or now - lastAdmitted >= MinInterval)
 //
-// and then logs n units at now. Exact, but O(Limit) memory by nature: up to
-// Limit int64 timestamps (8 bytes each) per bucket, in a ring allocated
-// lazily and grown as needed, never holding more than Limit entries.
+// and then logs n units at now.
 //
 //   - Remaining: Limit - count, after the request when admitted.
 //   - RetryAfter (denied): the later of the instant the (count+n-Limit)-th
@@ -24,6 +22,11 @@ import (
 //     precisely until Remaining+1 units fit, ignoring MinInterval); 0 when
 //     the window is empty.
 //   - n > Limit never fits: denied with RetryAfter = Window.
+//
+// The log is not stored unit by unit: it holds one entry per admission
+// (see logRing), with the running count of units logged, so a decision
+// costs O(log entries) whatever the cost and the limit, and memory is 16
+// bytes per admission in the window.
 //
 // State: the log (nil when empty), At = instant of the last admission (0 =
 // never) and N = units admitted at At that are not in the log yet. A store
@@ -41,8 +44,8 @@ func slidingLog(s bucketState, log *logRing, now int64, r Rate, cost int64) (Res
 		return nothingFits(peek, r), cur
 	}
 	var wait int64
-	if count+cost > r.Limit {
-		wait = view.expiry(count+cost-r.Limit) - now
+	if cost > r.Limit-count { // count + cost > Limit, without overflow
+		wait = view.expiry(cost-(r.Limit-count)) - now
 	}
 	if r.MinInterval > 0 && s.At != 0 && now-s.At < int64(r.MinInterval) {
 		wait = max(wait, s.At+int64(r.MinInterval)-now)
@@ -66,14 +69,14 @@ func slidingLog(s bucketState, log *logRing, now int64, r Rate, cost int64) (Res
 // N units pending at s.At.
 type logView struct {
 	log   *logRing
-	first int // index of the oldest logged unit inside the window
+	first int // index of the oldest entry inside the window
 	s     bucketState
 	now   int64
 	w     int64
 }
 
 func (v logView) count() int64 {
-	n := int64(v.log.len() - v.first)
+	n := v.log.unitsFrom(v.first)
 	if v.s.N > 0 && v.s.At > v.now-v.w {
 		n += v.s.N
 	}
@@ -83,9 +86,8 @@ func (v logView) count() int64 {
 // expiry returns the instant the k-th oldest unit in the window leaves it
 // (1 <= k <= count).
 func (v logView) expiry(k int64) int64 {
-	logged := int64(v.log.len() - v.first)
-	if k <= logged {
-		return v.log.at(v.first+int(k)-1) + v.w
+	if k <= v.log.unitsFrom(v.first) {
+		return v.log.at(v.log.unitEntry(v.first, k)).t + v.w
 	}
 	return v.s.At + v.w
 }
@@ -95,8 +97,13 @@ func (v logView) result(count int64, r Rate) Result {
 	rem := max(r.Limit-count, 0)
 	res := Result{Allowed: true, Remaining: rem}
 	if count > 0 {
-		// Remaining+1 units fit once count+rem+1-Limit units expired.
-		res.Reset = nsDuration(v.expiry(count+rem+1-r.Limit) - v.now)
+		// Remaining+1 units fit once count+rem+1-Limit units expired:
+		// the oldest one, or the excess over a lowered limit plus one.
+		k := int64(1)
+		if count > r.Limit {
+			k = count - r.Limit + 1
+		}
+		res.Reset = nsDuration(v.expiry(k) - v.now)
 	}
 	return res
 }
@@ -106,7 +113,7 @@ func (v logView) result(count int64, r Rate) Result {
 func slidingLogExpiry(s bucketState, log *logRing, r Rate) int64 {
 	var exp int64 = math.MinInt64
 	if n := log.len(); n > 0 {
-		exp = satAdd(log.at(n-1), int64(r.Window))
+		exp = satAdd(log.at(n-1).t, int64(r.Window))
 	}
 	if s.N > 0 {
 		exp = max(exp, satAdd(s.At, int64(r.Window)))
@@ -117,12 +124,32 @@ func slidingLogExpiry(s bucketState, log *logRing, r Rate) int64 {
 	return exp
 }
 
-// logRing is a ring buffer of non-decreasing unit timestamps, oldest first.
+// logEntry is one admission of a sliding log: its instant t and cum, the
+// number of units logged in the bucket up to and including it.
+type logEntry struct {
+	t   int64
+	cum int64
+}
+
+// logEntryBytes is the memory of one entry of a logRing's buffer.
+const logEntryBytes = 16
+
+// logRing is a sliding log: a ring buffer of entries with non-decreasing
+// instants, oldest first, one per admission (admissions at the same instant
+// share one entry). Entry i holds at(i).cum - at(i-1).cum units, and entry
+// 0 holds at(0).cum - base, base being the cum of the last entry dropped;
+// so the units from entry i on are at(len-1).cum - cumBefore(i), and the
+// k-th of them belongs to the first entry whose cum reaches cumBefore(i)+k,
+// found by binary search. Only differences of cums are used, and the log
+// never holds more than MaxInt64 units (the largest limit), so cums may
+// wrap around: int64 subtraction still gives the exact difference.
+//
 // A nil *logRing is an empty log.
 type logRing struct {
-	buf  []int64
+	buf  []logEntry
 	head int // index in buf of the oldest entry
 	n    int
+	base int64
 }
 
 func (l *logRing) len() int {
@@ -133,12 +160,36 @@ func (l *logRing) len() int {
 }
 
 // at returns the i-th oldest entry.
-func (l *logRing) at(i int) int64 {
+func (l *logRing) at(i int) logEntry {
 	j := l.head + i
 	if j >= len(l.buf) {
 		j -= len(l.buf)
 	}
 	return l.buf[j]
+}
+
+// cumBefore returns the cum of the entry before the i-th oldest (base for
+// the oldest).
+func (l *logRing) cumBefore(i int) int64 {
+	if i == 0 {
+		return l.base
+	}
+	return l.at(i - 1).cum
+}
+
+// unitsFrom returns the number of units logged in entries i and later.
+func (l *logRing) unitsFrom(i int) int64 {
+	if i >= l.len() {
+		return 0
+	}
+	return l.at(l.n-1).cum - l.cumBefore(i)
+}
+
+// unitEntry returns the index of the entry that holds the k-th oldest unit
+// counted from entry i (1 <= k <= unitsFrom(i)).
+func (l *logRing) unitEntry(i int, k int64) int {
+	c := l.cumBefore(i)
+	return i + sort.Search(l.n-i, func(j int) bool { return l.at(i+j).cum-c >= k })
 }
 
 // firstAfter returns the index of the oldest entry later than cutoff
@@ -147,15 +198,21 @@ func (l *logRing) firstAfter(cutoff int64) int {
 	if l == nil {
 		return 0
 	}
-	return sort.Search(l.n, func(i int) bool { return l.at(i) > cutoff })
+	return sort.Search(l.n, func(i int) bool { return l.at(i).t > cutoff })
 }
 
-// trim drops the entries at or before cutoff.
+// minLogBuf is the smallest buffer of a logRing.
+const minLogBuf = 2
+
+// trim drops the entries at or before cutoff. A buffer left less than a
+// quarter full is halved until it is not, so a log that was long once does
+// not keep its memory (and growing again is amortized).
 func (l *logRing) trim(cutoff int64) {
 	k := l.firstAfter(cutoff)
 	if k == 0 {
 		return
 	}
+	l.base = l.at(k - 1).cum
 	l.n -= k
 	l.head += k
 	if l.head >= len(l.buf) {
@@ -164,44 +221,64 @@ func (l *logRing) trim(cutoff int64) {
 	if l.n == 0 {
 		l.head = 0
 	}
+	size := len(l.buf)
+	for size > minLogBuf && l.n < size/4 {
+		size /= 2
+	}
+	if size < len(l.buf) {
+		l.resize(size)
+	}
 }
 
 // add logs n units at t (or at the newest entry, if later, to keep the
-// ring sorted when the clock goes back), keeping at most limit entries: the
-// oldest are dropped first, which cannot change any decision since the
-// newest limit entries alone already deny every request until they expire.
-func (l *logRing) add(t, n, limit int64) {
+// ring sorted when the clock goes back): one more entry, or more units in
+// the newest entry when it has the same instant.
+func (l *logRing) add(t, n int64) {
+	if n <= 0 {
+		return
+	}
+	last := l.base
 	if l.n > 0 {
-		t = max(t, l.at(l.n-1))
-	}
-	n = min(n, limit)
-	if drop := int64(l.n) + n - limit; drop > 0 {
-		l.n -= int(drop)
-		l.head = (l.head + int(drop)) % max(len(l.buf), 1)
-	}
-	need := l.n + int(n)
-	if need > len(l.buf) || int64(len(l.buf)) > limit {
-		size := min(max(2*len(l.buf), need, 4), int(limit))
-		if int64(len(l.buf)) > limit {
-			size = int(limit)
+		e := l.at(l.n - 1)
+		if e.t >= t {
+			j := l.head + l.n - 1
+			if j >= len(l.buf) {
+				j -= len(l.buf)
+			}
+			l.buf[j].cum += n
+			return
 		}
-		buf := make([]int64, size)
-		for i := 0; i < l.n; i++ {
-			buf[i] = l.at(i)
-		}
-		l.buf, l.head = buf, 0
+		last = e.cum
 	}
-	for i := 0; i < int(n); i++ {
-		j := l.head + l.n
-		if j >= len(l.buf) {
-			j -= len(l.buf)
-		}
-		l.buf[j] = t
-		l.n++
+	if l.n == len(l.buf) {
+		l.resize(max(2*len(l.buf), minLogBuf))
 	}
+	j := l.head + l.n
+	if j >= len(l.buf) {
+		j -= len(l.buf)
+	}
+	l.buf[j] = logEntry{t: t, cum: last + n}
+	l.n++
+}
+
+// resize moves the entries to a buffer of size entries (at least n).
+func (l *logRing) resize(size int) {
+	buf := make([]logEntry, size)
+	for i := 0; i < l.n; i++ {
+		buf[i] = l.at(i)
+	}
+	l.buf, l.head = buf, 0
+}
+
+// bytes is the memory of the log's buffer.
+func (l *logRing) bytes() int {
+	if l == nil {
+		return 0
+	}
+	return len(l.buf) * logEntryBytes
 }
 
 // reset empties the log and frees its buffer.
 func (l *logRing) reset() {
-	l.buf, l.head, l.n = nil, 0, 0
+	l.buf, l.head, l.n, l.base = nil, 0, 0, 0
 }

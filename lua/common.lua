@@ -17,6 +17,13 @@ local MAX_SAFE = 9007199254740992 -- 2^53
 --   eval(s, now, r, cost)    -> allowed, remaining, retry_us, reset_us, next
 --   ttl(s, now, r)           -> µs until s equals a fresh bucket (<= 0: fresh)
 --   refund(s, r, cost, at)   -> state with cost units charged at `at` given back
+-- and, for an algorithm whose state is not one string value, instead of
+-- decode, encode and ttl:
+--   load(key)                -> state, exists   read the state of key
+--   save(key, s, r, now)     write state s of key (with its TTL), or delete
+--                            the key when s equals a fresh bucket
+-- (sliding_log keeps a list and reads only what a call needs; its refund
+-- writes the key itself and returns the state read again).
 -- r is a rate: {limit, window, burst, minint, cap} (see parse_check).
 -- Redis runs the whole script on every call and keeps nothing between
 -- calls, so an algorithm's functions are only built when a call uses it
@@ -140,3 +147,19 @@ local function store(key, alg, s, r, now)
   redis.call('SET', key, alg.encode(s), 'PX', int(math.ceil(ttl / 1000)))
 end
 
+
+-- load reads the state of key for alg, and whether the key exists.
+local function load(alg, key)
+  if alg.load then return alg.load(key) end
+  local raw = redis.call('GET', key)
+  return alg.decode(raw), raw ~= false
+end
+
+-- save writes state s of key for alg (see store).
+local function save(key, alg, s, r, now)
+  if alg.save then
+    alg.save(key, s, r, now)
+  else
+    store(key, alg, s, r, now)
+  end
+end

@@ -44,7 +44,7 @@ for i = 1, n do
   local key = KEYS[i]
   local b = buckets[key]
   if not b then
-    local s = alg.decode(redis.call('GET', key))
+    local s = load(alg, key)
     b = {orig = s, cur = s}
     buckets[key] = b
   end
@@ -95,7 +95,7 @@ if (mode == 'decide' and admitted) or mode == 'force' then
     if charged[i] then last[KEYS[i]] = i end
   end
   for key, i in pairs(last) do
-    store(key, algs[i], buckets[key].cur, rates[i], now)
+    save(key, algs[i], buckets[key].cur, rates[i], now)
   end
 elseif mode ~= 'peek' then
   -- Not admitted (or a dry run): nothing was charged.

@@ -21,8 +21,8 @@ for i = 1, n do
   local key = KEYS[i]
   local b = buckets[key]
   if not b then
-    local raw = redis.call('GET', key)
-    b = {exists = raw ~= false, s = alg.decode(raw)}
+    local s, exists = load(alg, key)
+    b = {exists = exists, s = s}
     buckets[key] = b
   end
   algs[i], rates[i] = alg, r
@@ -34,7 +34,7 @@ for i = 1, n do
 end
 
 for key, b in pairs(buckets) do
-  if b.last then store(key, algs[b.last], b.s, rates[b.last], now) end
+  if b.last then save(key, algs[b.last], b.s, rates[b.last], now) end
 end
 
 local out = {0, now}
