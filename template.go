@@ -38,7 +38,7 @@ func compileTemplate(s string) template {
 	switch {
 	case strings.IndexByte(s, '{') < 0:
 		t.kind = templateLiteral
-	case len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' && strings.IndexAny(s[1:len(s)-1], "{}\\") < 0:
+	case len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' && !strings.ContainsAny(s[1:len(s)-1], "{}\\"):
 		name := s[1 : len(s)-1]
 		if field, ok := strings.CutPrefix(name, requestHeaderPrefix); ok && field != "" {
 			t.kind, t.name = templateHeader, textproto.CanonicalMIMEHeaderKey(field)
