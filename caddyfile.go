@@ -69,6 +69,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //		metrics_tenants <n>
 //		log_key
 //		sweep_interval <duration>
+//		max_memory <size>
 //		disable_metrics
 //		distributed [{ read_interval <d>  write_interval <d>  purge_age <d> }]
 //		storage <module...>
@@ -167,6 +168,10 @@ var handlerBlock = block[*Handler]{
 	{name: "policy", aliases: []string{"zone"}, usage: "policy <name> { ... }", repeatable: true, parse: parsePolicy},
 	{name: "sweep_interval", usage: "sweep_interval <duration>", field: "sweep_interval", parse: func(p cfParser, h *Handler) (err error) {
 		h.SweepInterval, err = p.durationArg()
+		return err
+	}},
+	{name: "max_memory", usage: "max_memory <size>", field: "max_memory", parse: func(p cfParser, h *Handler) (err error) {
+		h.MaxMemory, err = p.sizeArg()
 		return err
 	}},
 	{name: "disable_metrics", usage: "disable_metrics", repeatable: true, field: "disable_metrics", parse: func(p cfParser, h *Handler) error {

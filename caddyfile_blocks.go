@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/dustin/go-humanize"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
@@ -216,6 +217,19 @@ func (p cfParser) intArg(want string) (int, error) {
 		return 0, p.dirErr("%d is out of range (want %s)", n, want)
 	}
 	return int(n), err
+}
+
+// sizeArg reads one byte size such as 64MiB, 512MB or 1GiB.
+func (p cfParser) sizeArg() (int64, error) {
+	s, err := p.word()
+	if err != nil {
+		return 0, err
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil || n > math.MaxInt64 {
+		return 0, p.dirErr("%q is not a valid size (want e.g. 64MiB, 512MB, 1GiB)", s)
+	}
+	return int64(n), nil
 }
 
 // parseDuration parses a positive duration such as 500ms, 1m or 1d.

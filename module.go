@@ -98,6 +98,14 @@ type Handler struct {
 	// How often the embedded store deletes expired buckets. Default 1m.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
+	// The most memory, in bytes, the embedded store's buckets may take
+	// (estimated Go heap: key, entry and sliding-log buffer). When full,
+	// expired buckets are evicted first, then the least recently used.
+	// Default 256 MiB; allowed 1 MiB to 1 TiB. Handlers with the same
+	// sweep_interval and max_memory share one store. Ignored with a redis
+	// block.
+	MaxMemory int64 `json:"max_memory,omitempty"`
+
 	// Do not record this handler's metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
@@ -204,7 +212,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if sweep <= 0 {
 			sweep = limiter.DefaultSweepInterval
 		}
-		if h.store, h.storeKey, err = loadEmbeddedStore(sweep); err != nil {
+		if h.store, h.storeKey, err = loadEmbeddedStore(sweep, h.MaxMemory); err != nil {
 			return err
 		}
 		h.overrides = memoryOverrides

@@ -1,6 +1,7 @@
 package tollgate
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -12,8 +13,8 @@ import (
 // embeddedStores holds the process-wide embedded stores. Like a Redis
 // server, one store is shared by every handler and outlives config
 // reloads, so counters survive a reload; it is closed when the last handler
-// using it is cleaned up. Stores are keyed by sweep interval, the only
-// setting a handler can give them.
+// using it is cleaned up. Stores are keyed by sweep interval and memory
+// budget, the settings a handler can give them.
 var embeddedStores = caddy.NewUsagePool()
 
 type embeddedStore struct{ *limiter.MemoryStore }
@@ -21,16 +22,20 @@ type embeddedStore struct{ *limiter.MemoryStore }
 // Destruct implements caddy.Destructor.
 func (s embeddedStore) Destruct() error { return s.Close() }
 
-func embeddedStoreKey(sweep time.Duration) string {
-	return "memory/sweep=" + sweep.String()
+func embeddedStoreKey(sweep time.Duration, maxMemory int64) string {
+	if maxMemory <= 0 {
+		maxMemory = limiter.DefaultMaxMemory
+	}
+	return "memory/sweep=" + sweep.String() + "/max_memory=" + strconv.FormatInt(maxMemory, 10)
 }
 
-// loadEmbeddedStore returns the shared embedded store for sweep, creating
-// it on first use. Release it with embeddedStores.Delete(key).
-func loadEmbeddedStore(sweep time.Duration) (limiter.Store, string, error) {
-	key := embeddedStoreKey(sweep)
+// loadEmbeddedStore returns the shared embedded store for sweep and
+// maxMemory (0: the default), creating it on first use. Release it with
+// embeddedStores.Delete(key).
+func loadEmbeddedStore(sweep time.Duration, maxMemory int64) (limiter.Store, string, error) {
+	key := embeddedStoreKey(sweep, maxMemory)
 	v, _, err := embeddedStores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return embeddedStore{limiter.NewMemoryStore(limiter.MemoryOptions{SweepInterval: sweep})}, nil
+		return embeddedStore{limiter.NewMemoryStore(limiter.MemoryOptions{SweepInterval: sweep, MaxMemory: maxMemory})}, nil
 	})
 	if err != nil {
 		return nil, "", err

@@ -42,6 +42,13 @@ const maxJitter = 100
 // keeps about 4n entries.
 const maxMetricsTenants = 10000
 
+// The range of max_memory: below 1 MiB a store holds a few thousand
+// buckets, too few to be a limiter; 1 TiB is far beyond any real host.
+const (
+	minMaxMemory = 1 << 20
+	maxMaxMemory = 1 << 40
+)
+
 // nameRule describes limiter.ValidName for error messages.
 const nameRule = "use 1-64 letters, digits, '_', '-' or '.'"
 
@@ -122,6 +129,8 @@ func (h *Handler) validateHandler() error {
 		return at([]string{"metrics_tenants"}, "%d is out of range (allowed: 0 to %d; 0 disables per-tenant series)", h.MetricsTenants, maxMetricsTenants)
 	case h.SweepInterval < 0:
 		return at([]string{"sweep_interval"}, "%s: must not be negative", time.Duration(h.SweepInterval))
+	case h.MaxMemory != 0 && (h.MaxMemory < minMaxMemory || h.MaxMemory > maxMaxMemory):
+		return at([]string{"max_memory"}, "%d bytes is out of range (allowed: %d (1 MiB) to %d (1 TiB); 0 means 256 MiB)", h.MaxMemory, int64(minMaxMemory), int64(maxMaxMemory))
 	}
 	for _, tenant := range sortedKeys(h.TenantTiers) {
 		if tenant == "" || h.TenantTiers[tenant] == "" {

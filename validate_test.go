@@ -89,6 +89,7 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"jitter too big", `{"jitter":101,` + pol + `}`, "jitter: 101: want a fraction from 0 to 100"},
 		{"denials_stream negative", `{"denials_stream":-1,` + pol + `}`, "denials_stream: -1: must not be negative"},
 		{"metrics_tenants negative", `{"metrics_tenants":-2,` + pol + `}`, "metrics_tenants: -2 is out of range (allowed: 0 to 10000"},
+		{"max_memory too large", `{"max_memory":2199023255552,` + pol + `}`, "max_memory: 2199023255552 bytes is out of range (allowed: 1048576 (1 MiB) to 1099511627776 (1 TiB)"},
 		{"sweep_interval negative", `{"sweep_interval":"-1s",` + pol + `}`, "sweep_interval: -1s: must not be negative"},
 		{"tenant_tiers empty tier", `{"tenant_tiers":{"acme":""},` + pol + `}`, `tenant_tiers.acme: tenant and tier must not be empty (tier "")`},
 		{"lease negative", `{"lease":{"max_tokens":-1},` + pol + `}`, "lease.max_tokens: -1 is out of range (allowed: 0 to 9007199254740991)"},

@@ -29,6 +29,9 @@ func (h *Handler) warnConfig() {
 				zap.String("tenant", tenant), zap.String("tier", tier))
 		}
 	}
+	if h.Redis != nil && (h.MaxMemory != 0 || h.SweepInterval != 0) {
+		h.logger.Warn("max_memory and sweep_interval size the embedded store: they are ignored with a redis block")
+	}
 	if h.Redis == nil {
 		if h.Lease != nil && h.Lease.MaxTokens > 0 {
 			h.logger.Warn("lease is ignored on the embedded store: it decides in process memory, leases only save calls to a shared Redis")

@@ -1,8 +1,12 @@
 package limiter
 
 import (
+	"bufio"
+	"math/rand/v2"
+	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -150,4 +154,66 @@ func BenchmarkMemoryBytesPerKey(b *testing.B) {
 			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/key")
 		})
 	}
+}
+
+// floodTenants is how many tenants BenchmarkMemoryFlood sends.
+const floodTenants = 4_000_000
+
+// BenchmarkMemoryFlood sends 4 million random hostile tenants (128 bytes
+// of braces, colons, '%', control bytes and a few letters, as a client
+// controlling the tenant header could) through a MemoryStore with the
+// default MaxMemory, one token-bucket request each, and reports the live
+// heap after a garbage collection, the process's resident memory then
+// (VmRSS) and at its peak (VmHWM), in MiB. It runs the flood once
+// whatever b.N:
+//
+//	go test -run '^$' -bench MemoryFlood -benchtime 1x ./limiter/
+func BenchmarkMemoryFlood(b *testing.B) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	m := NewMemoryStore(MemoryOptions{SweepInterval: -1})
+	defer m.Close()
+	rng := rand.New(rand.NewPCG(1, 1))
+	buf := make([]byte, 128)
+	checks := []Check{{Algorithm: TokenBucket, Policy: "api", Rate: Rate{Limit: 100, Window: time.Hour}, Cost: 1}}
+	res := make([]Result, 1)
+	for range floodTenants {
+		checks[0].Tenant = hostileTenant(rng, buf)
+		if ok, err := m.Decide(bgCtx, checks, res); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+	}
+	elapsed := time.Since(start)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	const mib = 1 << 20
+	b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/mib, "live-heap-MiB")
+	b.ReportMetric(float64(procStatusKB(b, "VmRSS"))/1024, "rss-MiB")
+	b.ReportMetric(float64(procStatusKB(b, "VmHWM"))/1024, "peak-rss-MiB")
+	b.ReportMetric(float64(m.Len()), "buckets")
+	b.ReportMetric(float64(elapsed.Nanoseconds())/floodTenants, "ns/tenant")
+	runtime.KeepAlive(m)
+}
+
+// procStatusKB returns a field of /proc/self/status in kB (0 where there
+// is none).
+func procStatusKB(b *testing.B, field string) int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
 }

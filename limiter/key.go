@@ -5,9 +5,10 @@ import (
 	"encoding/hex"
 )
 
-// MaxValueLen is the longest tenant or partition value kept verbatim in a
-// key. Longer values are replaced by a digest so a hostile header cannot
-// grow keys (and memory) without bound.
+// MaxValueLen is the longest escaped tenant or partition value kept in a
+// key. A value whose escaped form is longer is replaced by a digest, so a
+// hostile header cannot grow keys (and memory) without bound: a value adds
+// at most MaxValueLen bytes to a key, however many bytes it has to escape.
 const MaxValueLen = 128
 
 // hashedMarker starts a digest in place of a long value. Escaping always
@@ -26,10 +27,13 @@ func needsEscape(c byte) bool {
 
 // AppendEscaped appends v to dst in the form used inside bucket keys: bytes
 // that could move a Redis hash tag, split a key or corrupt a log line are
-// percent-encoded, and values longer than MaxValueLen are replaced by
-// "%#" + hex(SHA-256(v)). Distinct values always give distinct output.
+// percent-encoded ('%' and two upper-case hex digits), and a value whose
+// escaped form would be longer than MaxValueLen bytes is replaced by
+// "%#" + hex(SHA-256(v)) (66 bytes). Distinct values always give distinct
+// output: escaping is invertible, never writes "%#", and digests of
+// distinct values differ.
 func AppendEscaped(dst []byte, v string) []byte {
-	if len(v) > MaxValueLen {
+	if escapedLen(v) > MaxValueLen {
 		sum := sha256.Sum256([]byte(v))
 		dst = append(dst, hashedMarker...)
 		return hex.AppendEncode(dst, sum[:])
@@ -43,6 +47,21 @@ func AppendEscaped(dst []byte, v string) []byte {
 		dst = append(dst, c)
 	}
 	return dst
+}
+
+// escapedLen returns the length of the escaped form of v, or len(v) when
+// that is already over MaxValueLen (escaping never shortens a value).
+func escapedLen(v string) int {
+	n := len(v)
+	if n > MaxValueLen {
+		return n
+	}
+	for i := 0; i < len(v); i++ {
+		if needsEscape(v[i]) {
+			n += 2
+		}
+	}
+	return n
 }
 
 // AppendKey appends a bucket key to dst:

@@ -85,6 +85,10 @@ var hostileValues = []string{
 	strings.Repeat("x", MaxValueLen+1),
 	strings.Repeat("x", MaxValueLen-1) + "{",
 	strings.Repeat(":", MaxValueLen),
+	strings.Repeat("{", 42),
+	strings.Repeat("{", 43),
+	strings.Repeat("\x00", 43),
+	"%23" + strings.Repeat("a", 62),
 	strings.Repeat("y", 1<<20),
 	strings.Repeat("y", 1<<20) + "z",
 }
@@ -100,7 +104,7 @@ func TestAppendEscaped(t *testing.T) {
 			t.Errorf("%.40q and %.40q both escape to %.60q", prev, v, out)
 		}
 		seen[string(out)] = v
-		if len(v) > MaxValueLen {
+		if escapedLen(v) > MaxValueLen {
 			sum := sha256.Sum256([]byte(v))
 			if want := hashedMarker + hex.EncodeToString(sum[:]); string(out) != want {
 				t.Errorf("long value -> %q, want %q", out, want)
@@ -128,6 +132,25 @@ func TestAppendEscaped(t *testing.T) {
 	// Appends to dst.
 	if got := string(AppendEscaped([]byte("pre:"), "a:")); got != "pre:a%3A" {
 		t.Errorf("append: %q", got)
+	}
+	// The bound applies to the escaped form: 42 braces escape to 126
+	// bytes and are kept, 43 would be 129 and are digested; so are 128
+	// bytes of one escaped byte and one more.
+	for v, hashed := range map[string]bool{
+		strings.Repeat("{", 42):                  false,
+		strings.Repeat("{", 42) + "ab":           false,
+		strings.Repeat("{", 42) + "abc":          true,
+		strings.Repeat("{", 43):                  true,
+		strings.Repeat("x", MaxValueLen-2) + ":": true,
+		strings.Repeat("x", MaxValueLen-3) + ":": false,
+		strings.Repeat("\x00", 10):               false,
+		strings.Repeat("\x00", MaxValueLen):      true,
+		strings.Repeat("{", MaxValueLen):         true,
+	} {
+		out := AppendEscaped(nil, v)
+		if got := bytes.HasPrefix(out, []byte(hashedMarker)); got != hashed || len(out) > MaxValueLen {
+			t.Errorf("%q (%d bytes, %d escaped) -> %d bytes %.20q: hashed %v, want %v", v, len(v), escapedLen(v), len(out), out, got, hashed)
+		}
 	}
 }
 
@@ -193,8 +216,12 @@ func FuzzAppendEscaped(f *testing.F) {
 		if err := checkEscaped(out); err != nil {
 			t.Fatalf("%q -> %q: %v", v, out, err)
 		}
-		if len(v) > MaxValueLen {
-			if len(out) != len(hashedMarker)+64 || !bytes.HasPrefix(out, []byte(hashedMarker)) {
+		if len(out) > MaxValueLen {
+			t.Fatalf("%q -> %d bytes, more than MaxValueLen", v, len(out))
+		}
+		if escapedLen(v) > MaxValueLen {
+			sum := sha256.Sum256([]byte(v))
+			if string(out) != hashedMarker+hex.EncodeToString(sum[:]) {
 				t.Fatalf("long value -> %q", out)
 			}
 			return

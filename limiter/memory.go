@@ -16,10 +16,14 @@ import (
 type MemoryOptions struct {
 	// Clock tells the time; nil means SystemClock.
 	Clock Clock
-	// MaxKeys bounds how many buckets the store keeps; 0 means 1<<20 (about
-	// 170 MB at most for the O(1) algorithms). A sliding log counts as one
-	// bucket plus one per 128 bytes of its buffer (8 admissions).
-	MaxKeys int
+	// MaxMemory bounds the memory of the buckets the store keeps, in bytes
+	// of Go heap; 0 means DefaultMaxMemory. Each bucket weighs an estimate
+	// of what it holds: its key, a fixed 128 bytes for the entry and its
+	// map slot (measured, see memEntryOverhead) and its sliding log's
+	// buffer. The process's resident memory is larger than the live heap:
+	// up to about twice as large between two garbage collections with the
+	// default GOGC of 100.
+	MaxMemory int64
 	// SweepInterval is how often a background goroutine deletes expired
 	// buckets; 0 means one minute, a negative value disables the sweeper
 	// (expired buckets are then only dropped when the store is full).
@@ -30,7 +34,16 @@ type MemoryOptions struct {
 
 // Defaults of MemoryOptions.
 const (
-	DefaultMaxKeys       = 1 << 20
+	// DefaultMaxMemory is 256 MiB: about 1.6 million buckets with 40-byte
+	// keys (168 bytes each), more than the 1,048,576 buckets the store used
+	// to count, and 1.2 million under a flood of hostile tenants (128-byte
+	// values that escape to more than 128 bytes, digested: 216 bytes per
+	// bucket). BenchmarkMemoryFlood measures 262 MiB of live heap and a
+	// peak RSS of 597 MiB for such a flood with the default GOGC: a size an
+	// embedded limiter may take on a small server, and enough buckets for
+	// every active tenant of all but the largest sites (which share their
+	// counters through Redis anyway).
+	DefaultMaxMemory     = 256 << 20
 	DefaultSweepInterval = time.Minute
 	DefaultPrefix        = "rl"
 )
@@ -39,11 +52,18 @@ const (
 	// maxShards is the number of independently locked maps of a store.
 	maxShards = 64
 	// minShardBudget keeps shards from getting so small that hashing
-	// imbalance matters: a store with few MaxKeys has fewer shards.
-	minShardBudget = 16
-	// logBytesPerWeight is how many bytes of sliding-log buffer count as
-	// one bucket against MaxKeys.
-	logBytesPerWeight = 128
+	// imbalance matters (about 400 buckets): a store with a small MaxMemory
+	// has fewer shards.
+	minShardBudget = 64 << 10
+	// memEntryOverhead is the heap a bucket holds besides its key bytes and
+	// its sliding log: the memEntry (80 bytes), its slot in the shard's map
+	// (a string and a pointer, 24 bytes, at the map's load factor) and the
+	// rounding of the key to its allocation size class. Measured with
+	// BenchmarkMemoryBytesPerKey: 163 bytes per token bucket with a 34-byte
+	// key, 147 per GCRA bucket with a 26-byte key.
+	memEntryOverhead = 128
+	// logRingBytes is the heap of a logRing without its buffer.
+	logRingBytes = 48
 	// sweepChunk is how many buckets the background sweeper examines per
 	// lock hold.
 	sweepChunk = 1024
@@ -57,7 +77,7 @@ var errShortResults = errors.New("limiter: results is shorter than checks")
 // MemoryStore is the embedded in-process Store: exact, atomic per Decide,
 // bounded in memory. It is safe for concurrent use.
 //
-// Buckets live in 64 shards (fewer for a small MaxKeys), each a map guarded
+// Buckets live in 64 shards (fewer for a small MaxMemory), each a map guarded
 // by its own mutex; a Decide locks the shards of its checks in ascending
 // order, so multi-check decisions are atomic and cannot deadlock.
 //
@@ -71,14 +91,16 @@ var errShortResults = errors.New("limiter: results is shorter than checks")
 // slice, a negative cost, a non-positive limit or window); they never block
 // on anything but the shard locks, so ctx is not consulted.
 //
-// Memory is bounded: every shard has an equal share of MaxKeys. When a
-// shard is over its share it first deletes its expired buckets (a sweep,
-// at most once per half a share of insertions, so the cost is amortized),
-// then the least recently used ones. A sliding log weighs one plus one per
-// 128 bytes of its buffer (16 bytes per admission in its window), so a
-// flood of random tenants (tiny logs) and a few heavy tenants (long logs)
-// share the same bound. A single log larger than a shard's share is kept
-// all the same (it holds at most one entry per admission in its window).
+// Memory is bounded: every shard has an equal share of MaxMemory, and every
+// bucket weighs its key's length, a fixed overhead and its sliding log's
+// buffer (16 bytes per admission in its window), so a flood of random or
+// hostile tenants (long keys are digested to at most 128 bytes per value,
+// see AppendEscaped) and a few heavy tenants (long logs) share the same
+// bound in bytes. When a shard is over its share it first deletes its
+// expired buckets (a sweep, at most once per half a share of inserted
+// bytes, so the cost is amortized), then the least recently used ones. A
+// single log larger than a shard's share is kept all the same (it holds at
+// most one entry per admission in its window).
 //
 // A concurrency bucket with units in flight never expires and is never
 // evicted, because forgetting it would let its tenant exceed the limit:
@@ -106,9 +128,11 @@ type memShard struct {
 	m  map[string]*memEntry
 	// LRU list: head is the most recently used entry.
 	head, tail *memEntry
-	// weight is the sum of the entries' weights, budget its bound.
+	// weight is the sum of the entries' weights in bytes, budget its
+	// bound.
 	weight, budget int
-	// inserted counts insertions since the shard last swept itself.
+	// inserted counts the bytes of the entries inserted since the shard
+	// last swept itself.
 	inserted int
 	_        [64]byte // keep hot shards on separate cache lines
 }
@@ -122,9 +146,13 @@ type memEntry struct {
 	prev, next *memEntry
 }
 
-// weight is what e counts against MaxKeys.
+// weight is what e counts against MaxMemory: an estimate of its heap.
 func (e *memEntry) weight() int {
-	return 1 + e.log.bytes()/logBytesPerWeight
+	w := memEntryOverhead + len(e.key)
+	if e.log != nil {
+		w += logRingBytes + e.log.bytes()
+	}
+	return w
 }
 
 // NewMemoryStore returns an empty store and starts its sweeper; Close stops
@@ -133,8 +161,8 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 	if opts.Clock == nil {
 		opts.Clock = SystemClock{}
 	}
-	if opts.MaxKeys <= 0 {
-		opts.MaxKeys = DefaultMaxKeys
+	if opts.MaxMemory <= 0 {
+		opts.MaxMemory = DefaultMaxMemory
 	}
 	if opts.SweepInterval == 0 {
 		opts.SweepInterval = DefaultSweepInterval
@@ -143,7 +171,7 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 		opts.Prefix = DefaultPrefix
 	}
 	shards := maxShards
-	for shards > 1 && opts.MaxKeys/shards < minShardBudget {
+	for shards > 1 && opts.MaxMemory/int64(shards) < minShardBudget {
 		shards /= 2
 	}
 	m := &MemoryStore{
@@ -156,8 +184,8 @@ func NewMemoryStore(opts MemoryOptions) *MemoryStore {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.m = make(map[string]*memEntry)
-		sh.budget = opts.MaxKeys / shards
-		if i < opts.MaxKeys%shards {
+		sh.budget = int(opts.MaxMemory / int64(shards))
+		if int64(i) < opts.MaxMemory%int64(shards) {
 			sh.budget++
 		}
 	}
@@ -595,8 +623,8 @@ func (sh *memShard) insert(key string) *memEntry {
 	e := &memEntry{key: key, expires: math.MinInt64}
 	sh.m[key] = e
 	sh.pushFront(e)
-	sh.weight++
-	sh.inserted++
+	sh.weight += e.weight()
+	sh.inserted += e.weight()
 	return e
 }
 

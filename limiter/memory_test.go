@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 var bgCtx = context.Background()
@@ -21,6 +23,18 @@ func tbCheck(tenant, policy string, limit int64, window time.Duration) Check {
 
 func fwCheck(tenant, policy string, limit int64, window time.Duration) Check {
 	return Check{Algorithm: FixedWindow, Tenant: tenant, Policy: policy, Rate: Rate{Limit: limit, Window: window}, Cost: 1}
+}
+
+// entryWeight is what a bucket of c weighs against MaxMemory without a
+// sliding log.
+func entryWeight(c Check) int {
+	return memEntryOverhead + len(AppendKey(nil, DefaultPrefix, c.Algorithm, c.Tenant, c.Policy, c.Part))
+}
+
+// logWeight is what a sliding-log bucket of c weighs with a buffer of n
+// entries.
+func logWeight(c Check, n int) int {
+	return entryWeight(c) + logRingBytes + n*logEntryBytes
 }
 
 // weight sums the shards' weights.
@@ -282,15 +296,15 @@ func TestExpiredLookup(t *testing.T) {
 		clk.Set(baseTime.Add(time.Duration(i) * time.Millisecond))
 		mustDecide(t, m, c)
 	}
-	if w := m.weight(); w != 1+128*logEntryBytes/logBytesPerWeight {
-		t.Fatalf("weight %d", w)
+	if w := m.weight(); w != logWeight(c, 128) {
+		t.Fatalf("weight %d, want %d", w, logWeight(c, 128))
 	}
 	clk.Set(baseTime.Add(10*time.Second + 99*time.Millisecond))
 	c.Cost = 1
 	if ok, res := mustDecide(t, m, c); !ok || res[0].Remaining != 999 {
 		t.Fatalf("expired log not fresh: %v %+v", ok, res)
 	}
-	if w := m.weight(); w != 1 || m.Len() != 1 {
+	if w := m.weight(); w != logWeight(c, minLogBuf) || m.Len() != 1 {
 		t.Fatalf("weight %d, Len %d after the log restarted", w, m.Len())
 	}
 }
@@ -331,32 +345,38 @@ func TestSweeperGoroutine(t *testing.T) {
 	}
 }
 
-func TestMaxKeysFlood(t *testing.T) {
-	const maxKeys = 256
+func TestMaxMemoryFlood(t *testing.T) {
+	const maxMemory = 64 << 10
 	for _, algo := range []Algorithm{TokenBucket, GCRA, SlidingWindow, FixedWindow, SlidingLog} {
 		t.Run(algo.String(), func(t *testing.T) {
-			m, _ := newTestStore(t, MemoryOptions{MaxKeys: maxKeys})
+			m, _ := newTestStore(t, MemoryOptions{MaxMemory: maxMemory})
 			active := Check{Algorithm: TokenBucket, Tenant: "active", Policy: "p", Rate: Rate{Limit: 1_000_000, Window: time.Hour}, Cost: 1}
 			rng := rand.New(rand.NewPCG(1, 2))
 			hits := int64(0)
-			for i := range 10 * maxKeys {
+			biggest := 0
+			for i := range 4000 {
 				c := Check{Algorithm: algo, Tenant: strconv.FormatUint(rng.Uint64(), 36), Policy: "p", Rate: Rate{Limit: 1000, Window: time.Hour}, Cost: 1}
 				if ok, _ := mustDecide(t, m, c); !ok {
 					t.Fatal("flood request denied")
 				}
+				w := entryWeight(c)
+				if algo == SlidingLog {
+					w = logWeight(c, minLogBuf)
+				}
+				biggest = max(biggest, w)
 				if i%4 == 0 {
 					mustDecide(t, m, active)
 					hits++
 				}
-				if i%64 == 0 && m.Len() > maxKeys {
-					t.Fatalf("Len %d > MaxKeys %d", m.Len(), maxKeys)
+				if i%64 == 0 && m.weight() > maxMemory {
+					t.Fatalf("weight %d > MaxMemory %d", m.weight(), maxMemory)
 				}
 			}
-			if m.Len() > maxKeys || m.weight() > maxKeys {
-				t.Fatalf("Len %d, weight %d > MaxKeys %d", m.Len(), m.weight(), maxKeys)
+			if m.weight() > maxMemory {
+				t.Fatalf("weight %d > MaxMemory %d", m.weight(), maxMemory)
 			}
-			if m.Len() < maxKeys*3/4 {
-				t.Fatalf("Len %d: evicted far more than needed", m.Len())
+			if m.weight() < maxMemory*3/4 || m.Len() < maxMemory*3/4/biggest {
+				t.Fatalf("weight %d, Len %d: evicted far more than needed", m.weight(), m.Len())
 			}
 			// The active bucket was never evicted: it counted every hit.
 			if got := mustPeek(t, m, active)[0]; got.Remaining != 1_000_000-hits {
@@ -367,32 +387,35 @@ func TestMaxKeysFlood(t *testing.T) {
 }
 
 func TestEvictExpiredFirst(t *testing.T) {
-	m, clk := newTestStore(t, MemoryOptions{MaxKeys: 16})
+	// Tenant names of one length: every bucket weighs the same, 16 fit.
+	tb := func(name string, limit int64, window time.Duration) Check { return tbCheck(name, "p", limit, window) }
+	w := entryWeight(tb("old00", 1, time.Hour))
+	m, clk := newTestStore(t, MemoryOptions{MaxMemory: int64(16 * w)})
 	if len(m.shards) != 1 {
-		t.Fatalf("%d shards for MaxKeys 16", len(m.shards))
+		t.Fatalf("%d shards for a MaxMemory of %d", len(m.shards), 16*w)
 	}
-	old := func(i int) Check { return tbCheck("old"+strconv.Itoa(i), "p", 1, time.Hour) }
+	old := func(i int) Check { return tb(fmt.Sprintf("old%02d", i), 1, time.Hour) }
 	for i := range 8 {
 		mustDecide(t, m, old(i))
 	}
 	for i := range 8 {
-		mustDecide(t, m, tbCheck("short"+strconv.Itoa(i), "p", 10, time.Second)) // expire after 100ms
+		mustDecide(t, m, tb(fmt.Sprintf("sht%02d", i), 10, time.Second)) // expire after 100ms
 	}
 	clk.Advance(time.Second)
-	mustDecide(t, m, tbCheck("new", "p", 1, time.Hour))
+	mustDecide(t, m, tb("new00", 1, time.Hour))
 	// The expired buckets went, although more recently used than old0.
-	if m.Len() != 9 {
-		t.Fatalf("Len %d, want 9", m.Len())
+	if m.Len() != 9 || m.weight() != 9*w {
+		t.Fatalf("Len %d, weight %d; want 9, %d", m.Len(), m.weight(), 9*w)
 	}
 	if got := mustPeek(t, m, old(0))[0]; got.Remaining != 0 {
 		t.Fatalf("old0 evicted before expired buckets: %+v", got)
 	}
 	// Then least recently used first: old0.
 	for i := range 8 {
-		mustDecide(t, m, tbCheck("more"+strconv.Itoa(i), "p", 1, time.Hour))
+		mustDecide(t, m, tb(fmt.Sprintf("mor%02d", i), 1, time.Hour))
 	}
-	if m.Len() != 16 {
-		t.Fatalf("Len %d, want 16", m.Len())
+	if m.Len() != 16 || m.weight() != 16*w {
+		t.Fatalf("Len %d, weight %d; want 16, %d", m.Len(), m.weight(), 16*w)
 	}
 	if got := mustPeek(t, m, old(0))[0]; got.Remaining != 1 {
 		t.Fatalf("old0 (least recently used) kept: %+v", got)
@@ -403,16 +426,17 @@ func TestEvictExpiredFirst(t *testing.T) {
 }
 
 func TestConcurrencyNeverEvicted(t *testing.T) {
-	m, _ := newTestStore(t, MemoryOptions{MaxKeys: 16})
 	k := Check{Algorithm: Concurrency, Tenant: "k", Policy: "c", Rate: Rate{Limit: 1}, Cost: 1}
+	budget := 16 * entryWeight(tbCheck("000", "p", 10, time.Hour))
+	m, _ := newTestStore(t, MemoryOptions{MaxMemory: int64(budget)})
 	if ok, _ := mustDecide(t, m, k); !ok {
 		t.Fatal("denied")
 	}
 	for i := range 100 {
-		mustDecide(t, m, tbCheck(strconv.Itoa(i), "p", 10, time.Hour))
+		mustDecide(t, m, tbCheck(fmt.Sprintf("%03d", i), "p", 10, time.Hour))
 	}
-	if m.Len() > 16 {
-		t.Fatalf("Len %d", m.Len())
+	if m.Len() > 16 || m.weight() > budget {
+		t.Fatalf("Len %d, weight %d", m.Len(), m.weight())
 	}
 	if ok, _ := mustDecide(t, m, k); ok {
 		t.Fatal("in-flight bucket was evicted: second request admitted")
@@ -443,46 +467,50 @@ func TestConcurrencyNeverEvicted(t *testing.T) {
 }
 
 func TestSlidingLogWeight(t *testing.T) {
-	m, clk := newTestStore(t, MemoryOptions{MaxKeys: 16})
+	small := func(i int) Check { return tbCheck(fmt.Sprintf("%02d", i), "p", 10, time.Hour) }
+	w := entryWeight(small(0))
+	m, clk := newTestStore(t, MemoryOptions{MaxMemory: int64(16 * w)})
 	for i := range 16 {
-		mustDecide(t, m, tbCheck(strconv.Itoa(i), "p", 10, time.Hour))
+		mustDecide(t, m, small(i))
 	}
 	heavy := Check{Algorithm: SlidingLog, Tenant: "heavy", Policy: "l", Rate: Rate{Limit: 1000, Window: time.Hour}, Cost: 160}
 	mustDecide(t, m, heavy)
 	// One admission is one entry, whatever its cost: the smallest buffer
-	// (2 entries, 32 bytes) weighs nothing beyond the bucket.
-	if m.Len() != 16 || m.weight() != 16 {
-		t.Fatalf("Len %d, weight %d; want 16, 16", m.Len(), m.weight())
+	// (2 entries, 32 bytes). The two least recently used buckets made
+	// room for it.
+	if m.Len() != 15 || m.weight() != 14*w+logWeight(heavy, minLogBuf) {
+		t.Fatalf("Len %d, weight %d; want 15, %d", m.Len(), m.weight(), 14*w+logWeight(heavy, minLogBuf))
 	}
-	// 40 admissions at distinct instants: a buffer of 64 entries (1 KiB)
-	// weighs 8 buckets more, so 8 small ones had to go.
+	// 40 admissions at distinct instants: a buffer of 64 entries (1 KiB).
 	heavy.Cost = 1
 	for range 39 {
 		clk.Advance(time.Millisecond)
 		mustDecide(t, m, heavy)
 	}
-	if m.Len() != 8 || m.weight() != 16 {
-		t.Fatalf("Len %d, weight %d; want 8, 16", m.Len(), m.weight())
+	left := (16*w - logWeight(heavy, 64)) / w
+	if m.Len() != 1+left || m.weight() != left*w+logWeight(heavy, 64) {
+		t.Fatalf("Len %d, weight %d; want %d, %d", m.Len(), m.weight(), 1+left, left*w+logWeight(heavy, 64))
 	}
-	// A log larger than the whole budget is kept on its own.
-	for range 80 {
+	// A log larger than the whole budget (256 entries, 4 KiB) is kept on
+	// its own.
+	for range 200 {
 		clk.Advance(time.Millisecond)
 		mustDecide(t, m, heavy)
 	}
-	if m.Len() != 1 || m.weight() != 1+128*logEntryBytes/logBytesPerWeight {
-		t.Fatalf("Len %d, weight %d", m.Len(), m.weight())
+	if m.Len() != 1 || m.weight() != logWeight(heavy, 256) {
+		t.Fatalf("Len %d, weight %d; want 1, %d", m.Len(), m.weight(), logWeight(heavy, 256))
 	}
-	if got := mustPeek(t, m, heavy)[0]; got.Remaining != 1000-160-119 {
+	if got := mustPeek(t, m, heavy)[0]; got.Remaining != 1000-160-239 {
 		t.Fatalf("heavy log: %+v", got)
 	}
-	// Once its entries left the window, the buffer shrinks and so does
-	// its weight.
+	// Once most of its entries left the window, the buffer shrinks and
+	// so does its weight: 20 entries in 64.
 	clk.Advance(time.Hour - 20*time.Millisecond)
 	if got := mustPeek(t, m, heavy)[0]; got.Remaining != 1000-20 {
 		t.Fatalf("heavy log after most of it expired: %+v", got)
 	}
-	if m.weight() != 1+64*logEntryBytes/logBytesPerWeight {
-		t.Fatalf("weight %d after the log shrank to 20 entries", m.weight())
+	if m.weight() != logWeight(heavy, 64) {
+		t.Fatalf("weight %d after the log shrank to 20 entries, want %d", m.weight(), logWeight(heavy, 64))
 	}
 }
 
@@ -656,24 +684,29 @@ func TestMultiShardNoDeadlock(t *testing.T) {
 	}
 }
 
-func TestSmallMaxKeys(t *testing.T) {
-	for _, max := range []int{1, 2, 17, 100, 1000} {
-		m, _ := newTestStore(t, MemoryOptions{MaxKeys: max})
-		for i := range 5 * max {
-			mustDecide(t, m, tbCheck(strconv.Itoa(i), "p", 10, time.Hour))
+func TestSmallMaxMemory(t *testing.T) {
+	for _, budget := range []int64{1, 100, 1000, 17 << 10, 100 << 10, 1 << 20} {
+		m, _ := newTestStore(t, MemoryOptions{MaxMemory: budget})
+		w := entryWeight(tbCheck("00000", "p", 10, time.Hour))
+		for i := range 5 * (int(budget)/w + 1) {
+			mustDecide(t, m, tbCheck(fmt.Sprintf("%05d", i), "p", 10, time.Hour))
 		}
-		if m.Len() > max {
-			t.Fatalf("MaxKeys %d: Len %d", max, m.Len())
+		// A bucket larger than the whole budget is kept while in use.
+		if got := m.weight(); int64(got) > max(budget, int64(w)) {
+			t.Fatalf("MaxMemory %d: weight %d, Len %d", budget, got, m.Len())
 		}
-		budget := 0
+		total := 0
 		for i := range m.shards {
-			budget += m.shards[i].budget
+			total += m.shards[i].budget
 			if m.shards[i].budget < 1 {
-				t.Fatalf("MaxKeys %d: shard %d has no room", max, i)
+				t.Fatalf("MaxMemory %d: shard %d has no room", budget, i)
+			}
+			if len(m.shards) > 1 && m.shards[i].budget < minShardBudget {
+				t.Fatalf("MaxMemory %d: shard %d has %d bytes", budget, i, m.shards[i].budget)
 			}
 		}
-		if budget != max {
-			t.Fatalf("MaxKeys %d: budgets sum to %d", max, budget)
+		if int64(total) != budget {
+			t.Fatalf("MaxMemory %d: budgets sum to %d", budget, total)
 		}
 	}
 }
@@ -691,7 +724,7 @@ func TestDefaults(t *testing.T) {
 	for i := range m.shards {
 		budget += m.shards[i].budget
 	}
-	if budget != DefaultMaxKeys {
+	if budget != DefaultMaxMemory {
 		t.Fatalf("budget %d", budget)
 	}
 	if ok, _ := mustDecide(t, m, tbCheck("t", "p", 1, time.Second)); !ok {
@@ -779,5 +812,84 @@ func TestSweepLargeShards(t *testing.T) {
 	}
 	if got, want := m.Len(), n/2+int(other.Load()); got != want {
 		t.Fatalf("Len %d, want %d", got, want)
+	}
+}
+
+// hostileTenant returns a random value of n bytes made of what a key must
+// escape (braces, colons, '%', control bytes) and a few letters.
+func hostileTenant(rng *rand.Rand, buf []byte) string {
+	const alphabet = "{}:%\n\r\x00\x01\x1b\x7f{{::ab"
+	for i := range buf {
+		buf[i] = alphabet[rng.IntN(len(alphabet))]
+	}
+	return string(buf)
+}
+
+// TestMaxMemoryHostileFlood: a flood of random hostile tenants and parts
+// (128 bytes that escape to about 350, digested; and 40 bytes that escape
+// to about 110, kept) on token buckets, sliding windows and sliding logs
+// keeps the store's live heap within 1.5 x MaxMemory after a garbage
+// collection. (When keys were digested before escaping and the bound
+// counted buckets, such a flood held about 3 times the heap the bound
+// promised.)
+func TestMaxMemoryHostileFlood(t *testing.T) {
+	const budget = 8 << 20
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	m, _ := newTestStore(t, MemoryOptions{MaxMemory: budget})
+	rng := rand.New(rand.NewPCG(3, 4))
+	long, short := make([]byte, 128), make([]byte, 40)
+	algos := []Algorithm{TokenBucket, SlidingWindow, SlidingLog}
+	checks := make([]Check, 1)
+	res := make([]Result, 1)
+	const n = 150_000
+	for i := range n {
+		c := Check{Algorithm: algos[i%3], Policy: "api", Rate: Rate{Limit: 100, Window: time.Hour}, Cost: 1}
+		if i%2 == 0 {
+			c.Tenant = hostileTenant(rng, long)
+		} else {
+			c.Tenant = hostileTenant(rng, short)
+			c.Part = hostileTenant(rng, short)
+		}
+		checks[0] = c
+		if ok, err := m.Decide(bgCtx, checks, res); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	live := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d hostile tenants: %d buckets kept, weight %d, live heap %.1f MiB for a budget of %d MiB (%.2fx)",
+		n, m.Len(), m.weight(), float64(live)/(1<<20), budget>>20, float64(live)/budget)
+	if m.weight() > budget {
+		t.Fatalf("weight %d over the budget %d", m.weight(), budget)
+	}
+	if m.Len() >= n {
+		t.Fatalf("nothing evicted: %d buckets", m.Len())
+	}
+	if live > budget*3/2 {
+		t.Fatalf("live heap %d bytes, more than 1.5 x MaxMemory (%d)", live, budget)
+	}
+	runtime.KeepAlive(m)
+}
+
+// TestWeightConstants: the sizes the weight estimate assumes are the
+// structs' sizes (on 64-bit platforms), so a field added to either is not
+// left out of the budget.
+func TestWeightConstants(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("sizes are for 64-bit platforms")
+	}
+	// memEntryOverhead leaves 48 bytes for the map slot and the key's
+	// size-class rounding besides the entry itself.
+	if got := unsafe.Sizeof(memEntry{}); got+48 != memEntryOverhead {
+		t.Errorf("memEntry is %d bytes: update memEntryOverhead (%d)", got, memEntryOverhead)
+	}
+	if got := unsafe.Sizeof(logRing{}); got != logRingBytes {
+		t.Errorf("logRing is %d bytes, logRingBytes %d", got, logRingBytes)
+	}
+	if got := unsafe.Sizeof(logEntry{}); got != logEntryBytes {
+		t.Errorf("logEntry is %d bytes, logEntryBytes %d", got, logEntryBytes)
 	}
 }

@@ -158,10 +158,12 @@ ALGORITHMS.sliding_log = function()
     return v
   end
 
-  -- expired returns how many entries are at or before cutoff.
+  -- expired returns how many entries are at or before cutoff: all of
+  -- them when the newest is (an idle bucket), without a search.
   local function expired(v, cutoff)
     local n = v.n
-    return first(1, n + 1, function(j) return j > n or ts(v, j) > cutoff end) - 1
+    if n == 0 or ts(v, n) <= cutoff then return n end
+    return first(1, n, function(j) return ts(v, j) > cutoff end) - 1
   end
 
   -- units returns the number of units in the entries after entry e.
