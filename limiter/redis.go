@@ -187,7 +187,8 @@ type redisScratch struct {
 	ckeys []string // keys of the current script call
 	nums  []int64  // numeric arguments of the current call, 5 per check
 	args  []any
-	all   []int // 0..n-1
+	all   []int   // 0..n-1
+	cal   []int64 // period boundaries of the calendar checks (appendCalendarArgs)
 }
 
 // prepare builds the key (and, in a cluster, the slot) of every check and
@@ -416,6 +417,7 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 		sc.args = append(sc.args[:0], nowArg, strconv.FormatInt(at, 10))
 	}
 	keys := sc.appendCheckArgs(checks, idx)
+	sc.appendCalendarArgs(checks, idx, s.gatewayNow())
 	reply, err := s.eval(ctx, script, keys, sc.args)
 	if err != nil {
 		return false, 0, err
