@@ -89,6 +89,12 @@ type Handler struct {
 	// counted as "_other". 0 disables per-tenant series.
 	MetricsTenants int `json:"metrics_tenants,omitempty"`
 
+	// An admitted request after which less than (1 - near_limit) of the
+	// limit is left counts as near the limit: in
+	// caddy_rate_limit_near_limit_total and the admin API's near_limit
+	// list. A fraction above 0 and at most 1 (1: never near). Default 0.8.
+	NearLimit float64 `json:"near_limit,omitempty"`
+
 	// Include the resolved tenant and key in log lines.
 	LogKey bool `json:"log_key,omitempty"`
 
@@ -262,6 +268,7 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 		if h.Tenant == "" && rt.key == "" {
 			rt.key = defaultKey
 		}
+		rt.near = h.nearFraction(pc)
 		if n, ok := pc.Cost.constant(); ok {
 			rt.cost = n
 		} else {

@@ -45,6 +45,11 @@ type policyRuntime struct {
 	nameValue, limitValue any
 	// metrics holds the policy's metric children, resolved at Provision.
 	metrics policyMetrics
+	// calendarHeader caches the RateLimit-Policy value of a calendar
+	// policy's own limit for the current period.
+	calendarHeader calendarHeaderCache
+	// near is the near_limit fraction of the policy.
+	near float64
 }
 
 // requestState is the per-request scratch space, pooled so a decision
