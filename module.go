@@ -387,6 +387,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Input the store refused: a bug, never a reason to admit.
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
 	}
+	h.markNearLimit(st)
 	h.recordDecision(st, start)
 	shown := h.report(w, r, repl, st)
 	if !d.Admitted {

@@ -59,6 +59,9 @@ type requestState struct {
 	policies []*policyRuntime
 	decision limiter.Decision
 	shadow   []string
+	// near flags the verdicts that left their tenant near its limit
+	// (markNearLimit).
+	near []bool
 }
 
 var requestStates = sync.Pool{New: func() any { return new(requestState) }}
@@ -68,6 +71,7 @@ func getRequestState() *requestState {
 	s.items = s.items[:0]
 	s.policies = s.policies[:0]
 	s.shadow = s.shadow[:0]
+	s.near = s.near[:0]
 	return s
 }
 
