@@ -358,3 +358,51 @@ func TestLeaseCalendarExpiry(t *testing.T) {
 		t.Fatalf("next day: %+v %+v %v", g, res[0], err)
 	}
 }
+
+// TestRedisCalendarCluster: a request whose calendar checks span two
+// cluster slots, in two zones, is decided slot by slot; when the second
+// slot denies, the first slot's charge is refunded (the refund script
+// gets the boundaries too) and both stores agree throughout.
+func TestRedisCalendarCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	clk := newManualClock(baseTime)
+	s := NewRedisStore(RedisOptions{Client: cl.Client(t), Timeout: testTimeout})
+	s.now = func() int64 { return clk.Now().UnixMicro() }
+	m, mclk := newTestStore(t, MemoryOptions{})
+	z := loadCalendarZones(t)
+	a := calCheck("month", 5, NewCalendar(CalendarMonth, z.ny))
+	a.Tenant = "cal-a"
+	b := calCheck("day", 2, NewCalendar(CalendarDay, z.berlin))
+	b.Tenant = "cal-b"
+	if keySlot([]byte("{cal-a}")) == keySlot([]byte("{cal-b}")) {
+		t.Fatal("pick tenants in different slots")
+	}
+	at := time.Date(2024, 3, 31, 23, 30, 0, 0, z.berlin) // 30 minutes before a Berlin midnight
+	for i, step := range []struct {
+		at     time.Time
+		checks []Check
+	}{
+		{at, cks(a, b)},
+		{at, cks(a, b)},
+		{at, cks(a, b)}, // b denies: a's charge is refunded
+		{at, cks(withCost(a, 0))},
+		{at.Add(30 * time.Minute), cks(a, b)}, // a new Berlin day
+		{at.Add(30 * time.Minute), cks(withCost(a, 0), withCost(b, 0))},
+	} {
+		clk.Set(step.at)
+		mclk.Set(step.at)
+		gotOK, got := mustDecide(t, s, step.checks...)
+		wantOK, want := mustDecide(t, m, step.checks...)
+		if gotOK != wantOK {
+			t.Fatalf("step %d: admitted %v, memory %v", i, gotOK, wantOK)
+		}
+		for j := range got {
+			if !sameResult(true, got[j], want[j]) {
+				t.Fatalf("step %d check %d: redis %+v, memory %+v", i, j, got[j], want[j])
+			}
+		}
+	}
+	if res := mustPeek(t, s, withCost(a, 0)); res[0].Remaining != 2 {
+		t.Fatalf("a after a refund and three charges: %+v, want 2 left", res[0])
+	}
+}
