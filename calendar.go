@@ -135,7 +135,7 @@ type calendarHeader struct {
 	header string
 }
 
-// calendarHeaders holds, per policyRuntime, the cached header of its own
+// calendarHeaderCache holds, per policyRuntime, the cached header of its own
 // limit (calendar policies only).
 type calendarHeaderCache struct {
 	v atomic.Pointer[calendarHeader]
