@@ -43,6 +43,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit/reset", Handler: locked(a.reset)},
 		{Pattern: "/rate_limit/overrides", Handler: locked(a.overrides)},
 		{Pattern: "/rate_limit/denials", Handler: locked(a.denials)},
+		{Pattern: "/rate_limit/near_limit", Handler: locked(a.nearLimit)},
 		{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.notFound)},
 	}
 }
@@ -97,6 +98,7 @@ type policyStatus struct {
 	Algorithm string `json:"algorithm"`
 	Limit     int64  `json:"limit"`
 	Window    string `json:"window,omitempty"`
+	Calendar  string `json:"calendar,omitempty"`
 	Burst     int64  `json:"burst,omitempty"`
 	Shadow    bool   `json:"shadow,omitempty"`
 	FailMode  string `json:"fail_mode"`
@@ -148,7 +150,7 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 				Shadow:    p.policy.Limit.Shadow,
 				FailMode:  p.policy.FailMode.String(),
 			}
-			if p.policy.Limit.Window > 0 {
+			if ps.Calendar = calendarText(p.policy.Limit.Rate); ps.Calendar == "" && p.policy.Limit.Window > 0 {
 				ps.Window = p.policy.Limit.Window.String()
 			}
 			if l := p.policy.Lease; l.Enabled() && leaseStats != nil {
@@ -171,12 +173,18 @@ type effective struct {
 	Algorithm string `json:"algorithm"`
 	Limit     int64  `json:"limit,omitempty"`
 	Window    string `json:"window,omitempty"`
-	Burst     int64  `json:"burst,omitempty"`
-	Unlimited bool   `json:"unlimited,omitempty"`
-	Shadow    bool   `json:"shadow,omitempty"`
-	FailMode  string `json:"fail_mode"`
-	Source    string `json:"source"`
-	Store     string `json:"store"`
+	// Calendar is the calendar period of a calendar limit ("month
+	// America/New_York"), and PeriodStart and PeriodEnd the current one's
+	// bounds (RFC 3339, in its zone).
+	Calendar    string `json:"calendar,omitempty"`
+	PeriodStart string `json:"period_start,omitempty"`
+	PeriodEnd   string `json:"period_end,omitempty"`
+	Burst       int64  `json:"burst,omitempty"`
+	Unlimited   bool   `json:"unlimited,omitempty"`
+	Shadow      bool   `json:"shadow,omitempty"`
+	FailMode    string `json:"fail_mode"`
+	Source      string `json:"source"`
+	Store       string `json:"store"`
 	// Usage fields (usage route only).
 	Remaining *int64   `json:"remaining,omitempty"`
 	Reset     *float64 `json:"reset,omitempty"`
@@ -224,7 +232,9 @@ func (h *Handler) effectiveOf(p *policyRuntime, tenant, tier string) (effective,
 	}
 	if !l.Unlimited {
 		e.Limit, e.Burst = l.Limit, l.Burst
-		if l.Window > 0 {
+		if l.Calendar != nil {
+			e.Calendar, e.PeriodStart, e.PeriodEnd = calendarPeriod(l.Rate, time.Now())
+		} else if l.Window > 0 {
 			e.Window = l.Window.String()
 		}
 	}
@@ -525,6 +535,9 @@ func putOverride(w http.ResponseWriter, r *http.Request) error {
 		return unknownPolicy(o.Policy)
 	}
 	for _, p := range pols {
+		if err := checkOverrideCalendar(p, &o); err != nil {
+			return err
+		}
 		if err := p.ValidateLimit(o.Limit(p)); err != nil {
 			return apiError(http.StatusBadRequest, "policy %s: %v", p.Name, err)
 		}

@@ -118,6 +118,15 @@ func TestCaddyfileExample(t *testing.T) {
 	if r := s.get("/api/hello"); r.status != 429 {
 		t.Errorf("no key: %d, want 429", r.status)
 	}
+	// The monthly quota (New York months): carol used 10 of her 1000
+	// (her 429s were not charged), alice 1 of her 100000.
+	s.admin = fmt.Sprintf("127.0.0.1:%d", admin)
+	for tenant, left := range map[string]float64{"carol": 990, "alice": 99999} {
+		u := adminPolicy(t, s.adminOK("GET", "/rate_limit/usage?tenant="+tenant+"&policy=monthly", ""), "monthly")
+		if u["calendar"] != "month America/New_York" || u["remaining"] != left {
+			t.Errorf("%s monthly usage: %v, want %v left", tenant, u, left)
+		}
+	}
 	// The shadow policy next_quota (5/min) never blocked carol's first
 	// 10; its would-deny lines are in the log.
 	deadline := time.Now().Add(2 * time.Second)

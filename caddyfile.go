@@ -67,6 +67,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //		jitter <fraction>
 //		denials_stream [<maxlen>]
 //		metrics_tenants <n>
+//		near_limit <fraction>
 //		log_key
 //		sweep_interval <duration>
 //		max_memory <size>
@@ -80,14 +81,16 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //			algorithm token_bucket|gcra|sliding_window|fixed_window|sliding_log|concurrency
 //			limit <n>              # alias: events
 //			window <duration>
+//			calendar day|week|month [<IANA zone>]   # fixed_window, instead of window
 //			burst <n>
 //			cost <n|placeholder>
 //			min_interval <duration>
-//			tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited
-//			tenant_limit <tenant> <limit> [<window>] [burst <n>] [shadow] | tenant_limit <tenant> unlimited
+//			tier <tier> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | tier <tier> unlimited
+//			tenant_limit <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | tenant_limit <tenant> unlimited
 //			                       # older spelling: override
 //			lease <max_tokens> [<ttl>]
 //			shadow
+//			near_limit <fraction>
 //			fail open|closed|local
 //			ipv4_prefix <bits>
 //			ipv6_prefix <bits>
@@ -161,6 +164,10 @@ var handlerBlock = block[*Handler]{
 		h.MetricsTenants, err = p.intArg(fmt.Sprintf("an integer from 0 to %d", maxMetricsTenants))
 		return err
 	}},
+	{name: "near_limit", usage: "near_limit <fraction>", field: "near_limit", parse: func(p cfParser, h *Handler) (err error) {
+		h.NearLimit, err = p.nearLimit()
+		return err
+	}},
 	{name: "log_key", usage: "log_key", repeatable: true, field: "log_key", parse: func(p cfParser, h *Handler) error {
 		h.LogKey = true
 		return p.flag()
@@ -201,6 +208,10 @@ var policyBlock = block[*policyState]{
 		ps.pc.Window, err = p.durationArg()
 		return err
 	}},
+	{name: "calendar", usage: "calendar day|week|month [<IANA zone>]", field: "calendar", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Calendar, err = p.calendar()
+		return err
+	}},
 	{name: "burst", usage: "burst <n>", field: "burst", parse: func(p cfParser, ps *policyState) (err error) {
 		ps.pc.Burst, err = p.int64Arg(countRange(1))
 		return err
@@ -214,13 +225,13 @@ var policyBlock = block[*policyState]{
 		ps.pc.MinInterval, err = p.durationArg()
 		return err
 	}},
-	{name: "tier", usage: "tier <tier> <limit> [<window>] [burst <n>] [shadow] | tier <tier> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+	{name: "tier", usage: "tier <tier> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | tier <tier> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
 		return ps.parseLimitRule(p, "tiers", &ps.pc.Tiers)
 	}},
-	{name: "tenant_limit", usage: "tenant_limit <tenant> <limit> [<window>] [burst <n>] [shadow] | tenant_limit <tenant> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+	{name: "tenant_limit", usage: "tenant_limit <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | tenant_limit <tenant> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
 		return ps.parseLimitRule(p, "tenant_limits", &ps.pc.TenantLimits)
 	}},
-	{name: "override", usage: "override <tenant> <limit> [<window>] [burst <n>] [shadow] | override <tenant> unlimited (older spelling of tenant_limit)", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+	{name: "override", usage: "override <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | override <tenant> unlimited (older spelling of tenant_limit)", repeatable: true, parse: func(p cfParser, ps *policyState) error {
 		return ps.parseLimitRule(p, "overrides", &ps.pc.Overrides)
 	}},
 	{name: "lease", usage: "lease <max_tokens> [<ttl>]", parse: func(p cfParser, ps *policyState) (err error) {
@@ -230,6 +241,10 @@ var policyBlock = block[*policyState]{
 	{name: "shadow", usage: "shadow", repeatable: true, field: "shadow", parse: func(p cfParser, ps *policyState) error {
 		ps.pc.Shadow = true
 		return p.flag()
+	}},
+	{name: "near_limit", usage: "near_limit <fraction>", field: "near_limit", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.NearLimit, err = p.nearLimit()
+		return err
 	}},
 	{name: "fail", usage: "fail " + strings.Join(failModeValues, "|"), field: "fail_mode", parse: func(p cfParser, ps *policyState) (err error) {
 		ps.pc.FailMode, err = p.word()
@@ -558,10 +573,10 @@ func parseMatch(p cfParser, ps *policyState) error {
 // parseLimitRule reads a `tier` or `tenant_limit` (`override`) line into
 // m, the JSON field field:
 //
-//	<name> <limit> [<window>] [burst <n>] [shadow]
+//	<name> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow]
 //	<name> unlimited
 func (ps *policyState) parseLimitRule(p cfParser, field string, m *map[string]*LimitConfig) error {
-	args, err := p.args(2, 6)
+	args, err := p.args(2, 8)
 	if err != nil {
 		return err
 	}
@@ -576,6 +591,7 @@ func (ps *policyState) parseLimitRule(p cfParser, field string, m *map[string]*L
 	p.record(sub(path, "max_events"), label)
 	p.record(sub(path, "window"), label+": window")
 	p.record(sub(path, "burst"), label+": burst")
+	p.record(sub(path, "calendar"), label+": calendar")
 	lc := new(LimitConfig)
 	if args[1] == "unlimited" {
 		if len(args) > 2 {
@@ -597,13 +613,23 @@ func (ps *policyState) parseLimitRule(p cfParser, field string, m *map[string]*L
 	return nil
 }
 
-// limitOptions reads the optional `[<window>] [burst <n>] [shadow]` part of
-// a tier or tenant_limit line, in any order.
+// limitOptions reads the optional `[<window> | calendar <period> [<zone>]]
+// [burst <n>] [shadow]` part of a tier or tenant_limit line, in any order.
 func (p cfParser) limitOptions(lc *LimitConfig, opts []string) error {
 	var window, burst, shadow bool
 	for i := 0; i < len(opts); i++ {
 		var err error
 		switch opt := opts[i]; {
+		case opt == "calendar":
+			if lc.Calendar != nil || i+1 == len(opts) {
+				return p.dirErr("calendar must be given once, with a period (day, week or month) and an optional zone; usage: %s", p.usage)
+			}
+			i++
+			lc.Calendar = &CalendarConfig{Period: opts[i]}
+			if i+1 < len(opts) && isZoneWord(opts[i+1]) {
+				i++
+				lc.Calendar.Zone = opts[i]
+			}
 		case opt == "burst":
 			if burst || i+1 == len(opts) {
 				return p.dirErr("burst must be given once, with a value; usage: %s", p.usage)

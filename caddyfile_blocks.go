@@ -8,8 +8,8 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/dustin/go-humanize"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/dustin/go-humanize"
 )
 
 // This file is the machinery the Caddyfile parser (caddyfile.go) is built

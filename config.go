@@ -35,8 +35,16 @@ type PolicyConfig struct {
 	// The Caddyfile spells it `limit` or `events`.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// The period max_events applies to. Required except for concurrency.
+	// The period max_events applies to. Required except for concurrency
+	// and for a calendar policy.
 	Window caddy.Duration `json:"window,omitempty"`
+
+	// Count per calendar period (day, ISO week or month of a time zone)
+	// instead of per window: a fixed_window quota such as "1000000 a
+	// month". Excludes window; algorithm defaults to fixed_window. Tiers
+	// and tenant limits that set neither window nor calendar keep it, and
+	// so do runtime overrides.
+	Calendar *CalendarConfig `json:"calendar,omitempty"`
 
 	// Capacity of a token_bucket or gcra bucket. Default: max_events.
 	Burst int64 `json:"burst,omitempty"`
@@ -49,6 +57,11 @@ type PolicyConfig struct {
 
 	// For sliding_log: the smallest gap between two admitted requests.
 	MinInterval caddy.Duration `json:"min_interval,omitempty"`
+
+	// An admitted request after which less than (1 - near_limit) of the
+	// limit is left counts as near the limit (metrics, admin API).
+	// Default: the handler's near_limit, 0.8.
+	NearLimit float64 `json:"near_limit,omitempty"`
 
 	// Limits per tier name; a tenant's tier comes from the handler's
 	// `tenant_tiers`, else its `tier` placeholder.
@@ -88,8 +101,12 @@ type LimitConfig struct {
 	// Units per window. Required unless unlimited.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// The period; default: the policy's window.
+	// The period; default: the policy's window (or calendar).
 	Window caddy.Duration `json:"window,omitempty"`
+
+	// Count per calendar period instead (fixed_window policies only;
+	// excludes window); default: the policy's window (or calendar).
+	Calendar *CalendarConfig `json:"calendar,omitempty"`
 
 	// Capacity for token_bucket and gcra; default: this max_events.
 	Burst int64 `json:"burst,omitempty"`

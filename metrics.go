@@ -131,6 +131,8 @@ var collectors = struct {
 	breakerOpen    prometheus.Gauge
 	tenantRequests *prometheus.CounterVec
 	denialsDropped *prometheus.CounterVec
+	nearLimit      *prometheus.CounterVec
+	tenantNear     *prometheus.CounterVec
 }{
 	requests: newCounterVec("requests_total",
 		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
@@ -155,6 +157,12 @@ var collectors = struct {
 	denialsDropped: newCounterVec("denials_dropped_total",
 		"Denials not written to the denial stream (denials_stream), by reason: buffer_full, breaker_open, error, shutdown.",
 		"reason"),
+	nearLimit: newCounterVec("near_limit_total",
+		"Admitted requests after which less than (1 - near_limit) of the tenant's limit was left, by policy.",
+		"policy"),
+	tenantNear: newCounterVec("tenant_near_limit_total",
+		"Like near_limit_total, per tenant for the busiest tenants (metrics_tenants); every other tenant is counted as _other.",
+		"policy", "tenant"),
 }
 
 func allCollectors() []prometheus.Collector {
@@ -162,6 +170,7 @@ func allCollectors() []prometheus.Collector {
 		collectors.requests, collectors.duration, collectors.redisCalls,
 		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
 		collectors.tenantRequests, collectors.denialsDropped,
+		collectors.nearLimit, collectors.tenantNear,
 	}
 }
 
@@ -243,11 +252,13 @@ type policyMetrics struct {
 	index    int // in the handler's policies, and its tenant tracker's
 	requests [numDecisions]prometheus.Counter
 	duration [numSources]prometheus.Observer
+	near     prometheus.Counter
 }
 
 func (pm *policyMetrics) init(index int, p *limiter.Policy, redis bool) {
 	pm.index = index
 	name := p.Name
+	pm.near = collectors.nearLimit.WithLabelValues(name)
 	for _, d := range []decisionLabel{decisionAllowed, decisionDenied, decisionShadowDenied} {
 		pm.requests[d] = collectors.requests.WithLabelValues(name, decisionNames[d])
 	}
@@ -378,8 +389,16 @@ func (h *Handler) recordDecision(st *requestState, start time.Time) {
 		p := st.policies[i]
 		dec, src := classify(v, m.redis)
 		p.metrics.record(p.policy.Name, dec, src, secs)
+		near := i < len(st.near) && st.near[i]
+		if near {
+			p.metrics.near.Inc()
+		}
 		if m.tenants != nil {
-			m.tenants.counter(p.metrics.index, st.items[i].Tenant, dec).Inc()
+			c, nc := m.tenants.counters(p.metrics.index, st.items[i].Tenant, dec, near)
+			c.Inc()
+			if nc != nil {
+				nc.Inc()
+			}
 		}
 	}
 }
@@ -456,13 +475,20 @@ type tenantTracker struct {
 	top      *topk.TopK[tenantSeries]
 	// other holds the _other children per policy, resolved on first use;
 	// guarded by top's lock.
-	other [][numDecisions]prometheus.Counter
+	other [][numTenantSeries]prometheus.Counter
 }
 
-// tenantSeries are a member tenant's children, per policy and decision,
-// resolved on first use; guarded by the top-k's lock.
+// tenantNear is the index, beside the decisions, of a tenant's series in
+// caddy_rate_limit_tenant_near_limit_total.
+const (
+	tenantNear      = numDecisions
+	numTenantSeries = numDecisions + 1
+)
+
+// tenantSeries are a member tenant's children, per policy and decision
+// (and tenantNear), resolved on first use; guarded by the top-k's lock.
 type tenantSeries struct {
-	counters [][numDecisions]prometheus.Counter
+	counters [][numTenantSeries]prometheus.Counter
 }
 
 func loadTenantTracker(n int, policies []string) (*tenantTracker, string, error) {
@@ -479,7 +505,7 @@ func loadTenantTracker(n int, policies []string) (*tenantTracker, string, error)
 func newTenantTracker(n int, policies []string) *tenantTracker {
 	t := &tenantTracker{
 		policies: append([]string(nil), policies...),
-		other:    make([][numDecisions]prometheus.Counter, len(policies)),
+		other:    make([][numTenantSeries]prometheus.Counter, len(policies)),
 	}
 	t.top = topk.New(n, 4*n+128, t.release)
 	return t
@@ -488,26 +514,35 @@ func newTenantTracker(n int, policies []string) *tenantTracker {
 // counter returns the child a decision of tenant in policy (by index) is
 // counted in, and counts the tenant's traffic towards the top n.
 func (t *tenantTracker) counter(policy int, tenant string, d decisionLabel) prometheus.Counter {
-	var c prometheus.Counter
-	t.top.Observe(tenantLabel(tenant), func(key string, s *tenantSeries) {
-		if s == nil {
-			cell := &t.other[policy][d]
-			if *cell == nil {
-				*cell = acquireTenantCounter(t.policies[policy], otherTenant, d)
-			}
-			c = *cell
-			return
-		}
-		if s.counters == nil {
-			s.counters = make([][numDecisions]prometheus.Counter, len(t.policies))
-		}
-		cell := &s.counters[policy][d]
-		if *cell == nil {
-			*cell = acquireTenantCounter(t.policies[policy], key, d)
-		}
-		c = *cell
-	})
+	c, _ := t.counters(policy, tenant, d, false)
 	return c
+}
+
+// counters is counter, and with near also the tenant's near-limit child
+// (nil without near).
+func (t *tenantTracker) counters(policy int, tenant string, d decisionLabel, near bool) (c, nc prometheus.Counter) {
+	t.top.Observe(tenantLabel(tenant), func(key string, s *tenantSeries) {
+		var cells *[numTenantSeries]prometheus.Counter
+		if s == nil {
+			cells, key = &t.other[policy], otherTenant
+		} else {
+			if s.counters == nil {
+				s.counters = make([][numTenantSeries]prometheus.Counter, len(t.policies))
+			}
+			cells = &s.counters[policy]
+		}
+		if cells[d] == nil {
+			cells[d] = acquireTenantCounter(t.policies[policy], key, d)
+		}
+		c = cells[d]
+		if near {
+			if cells[tenantNear] == nil {
+				cells[tenantNear] = acquireTenantCounter(t.policies[policy], key, tenantNear)
+			}
+			nc = cells[tenantNear]
+		}
+	})
+	return c, nc
 }
 
 // release deletes the series of a tenant that left the top n; it runs
@@ -560,6 +595,9 @@ func acquireTenantCounter(policy, tenant string, d decisionLabel) prometheus.Cou
 	tenantSeriesRefs.Lock()
 	defer tenantSeriesRefs.Unlock()
 	tenantSeriesRefs.n[tenantSeriesKey{policy, tenant, d}]++
+	if d == tenantNear {
+		return collectors.tenantNear.WithLabelValues(policy, tenant)
+	}
 	return collectors.tenantRequests.WithLabelValues(policy, tenant, decisionNames[d])
 }
 
@@ -571,5 +609,9 @@ func releaseTenantCounter(policy, tenant string, d decisionLabel) {
 		return
 	}
 	delete(tenantSeriesRefs.n, k)
+	if d == tenantNear {
+		collectors.tenantNear.DeleteLabelValues(policy, tenant)
+		return
+	}
 	collectors.tenantRequests.DeleteLabelValues(policy, tenant, decisionNames[d])
 }

@@ -35,6 +35,8 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_breaker_open":              {"gauge", nil},
 		"caddy_rate_limit_tenant_requests_total":     {"counter", []string{"policy", "tenant", "decision"}},
 		"caddy_rate_limit_denials_dropped_total":     {"counter", []string{"reason"}},
+		"caddy_rate_limit_near_limit_total":          {"counter", []string{"policy"}},
+		"caddy_rate_limit_tenant_near_limit_total":   {"counter", []string{"policy", "tenant"}},
 	}
 	if !reflect.DeepEqual(metricCatalog, want) {
 		t.Errorf("metric catalog:\n got %v\nwant %v", metricCatalog, want)

@@ -89,6 +89,12 @@ type Handler struct {
 	// counted as "_other". 0 disables per-tenant series.
 	MetricsTenants int `json:"metrics_tenants,omitempty"`
 
+	// An admitted request after which less than (1 - near_limit) of the
+	// limit is left counts as near the limit: in
+	// caddy_rate_limit_near_limit_total and the admin API's near_limit
+	// list. A fraction above 0 and at most 1 (1: never near). Default 0.8.
+	NearLimit float64 `json:"near_limit,omitempty"`
+
 	// Include the resolved tenant and key in log lines.
 	LogKey bool `json:"log_key,omitempty"`
 
@@ -273,6 +279,7 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 		if h.Tenant == "" && pc.Key == "" {
 			rt.key = compileTemplate(defaultKey)
 		}
+		rt.near = h.nearFraction(pc)
 		if n, ok := pc.Cost.constant(); ok {
 			rt.cost = n
 		} else {
@@ -391,6 +398,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Input the store refused: a bug, never a reason to admit.
 		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
 	}
+	h.markNearLimit(st)
 	h.recordDecision(st, start)
 	shown := h.report(w, r, repl, st)
 	if !d.Admitted {

@@ -27,11 +27,19 @@ type caddyProcess struct {
 // stopped when the test ends; its output is logged if the test failed.
 func startCaddyProcess(t *testing.T, caddyfile string) *caddyProcess {
 	t.Helper()
+	return startCaddyProcessEnv(t, nil, caddyfile)
+}
+
+// startCaddyProcessEnv is startCaddyProcess with env added to the
+// process's environment.
+func startCaddyProcessEnv(t *testing.T, env []string, caddyfile string) *caddyProcess {
+	t.Helper()
 	p := &caddyProcess{t: t, port: freePort(t), admin: freePort(t), dir: t.TempDir(), logs: new(syncBuffer)}
 	p.caddyServer = &caddyServer{t: t, port: p.port, base: fmt.Sprintf("http://127.0.0.1:%d", p.port)}
 	file := p.writeConfig(caddyfile)
 	p.cmd = exec.Command(caddyBinary(t), "run", "--config", file, "--adapter", "caddyfile")
 	p.cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+p.dir, "XDG_CONFIG_HOME="+p.dir, "HOME="+p.dir)
+	p.cmd.Env = append(p.cmd.Env, env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -45,6 +45,11 @@ type policyRuntime struct {
 	nameValue, limitValue any
 	// metrics holds the policy's metric children, resolved at Provision.
 	metrics policyMetrics
+	// calendarHeader caches the RateLimit-Policy value of a calendar
+	// policy's own limit for the current period.
+	calendarHeader calendarHeaderCache
+	// near is the near_limit fraction of the policy.
+	near float64
 }
 
 // requestState is the per-request scratch space, pooled so a decision
@@ -54,6 +59,9 @@ type requestState struct {
 	policies []*policyRuntime
 	decision limiter.Decision
 	shadow   []string
+	// near flags the verdicts that left their tenant near its limit
+	// (markNearLimit).
+	near []bool
 }
 
 var requestStates = sync.Pool{New: func() any { return new(requestState) }}
@@ -63,6 +71,7 @@ func getRequestState() *requestState {
 	s.items = s.items[:0]
 	s.policies = s.policies[:0]
 	s.shadow = s.shadow[:0]
+	s.near = s.near[:0]
 	return s
 }
 

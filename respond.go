@@ -60,7 +60,11 @@ func (p *policyRuntime) precomputeHeaders() {
 }
 
 // policyHeader renders an IETF RateLimit-Policy item: "name";q=limit;w=secs.
+// A calendar limit's w= is the length of its current period.
 func policyHeader(name string, algo limiter.Algorithm, rate limiter.Rate) string {
+	if rate.Calendar != nil {
+		return policyHeaderWindow(name, rate.Limit, periodLength(rate, time.Now()))
+	}
 	b := make([]byte, 0, len(name)+32)
 	b = append(b, '"')
 	b = append(b, name...)
@@ -208,6 +212,8 @@ func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Ver
 		pol := p.ownPolicyHeader
 		if v.Source != limiter.SourcePolicy {
 			pol = policyHeader(p.policy.Name, p.policy.Algorithm, v.Limit.Rate)
+		} else if p.policy.Limit.Calendar != nil {
+			pol = p.calendarHeader.get(p, time.Now())
 		}
 		set(hdrPolicy, pol)
 		set(hdrRateLimit, all[:item])

@@ -85,6 +85,9 @@ func sub(path []string, more ...string) []string {
 //     algorithms cannot lease); the handler-level lease is only a default,
 //     and policies whose algorithm cannot lease do not inherit it.
 //   - jitter must be a finite number from 0 to maxJitter.
+//   - A calendar policy without algorithm is fixed_window (the only
+//     algorithm that counts per period); with another algorithm it is an
+//     error.
 func (h *Handler) validateConfig() ([]*limiter.Policy, error) {
 	if err := h.validateHandler(); err != nil {
 		return nil, err
@@ -132,6 +135,9 @@ func (h *Handler) validateHandler() error {
 	case h.MaxMemory != 0 && (h.MaxMemory < minMaxMemory || h.MaxMemory > maxMaxMemory):
 		return at([]string{"max_memory"}, "%d bytes is out of range (allowed: %d (1 MiB) to %d (1 TiB); 0 means 256 MiB)", h.MaxMemory, int64(minMaxMemory), int64(maxMaxMemory))
 	}
+	if err := checkNearLimit([]string{"near_limit"}, h.NearLimit); err != nil {
+		return err
+	}
 	for _, tenant := range sortedKeys(h.TenantTiers) {
 		if tenant == "" || h.TenantTiers[tenant] == "" {
 			return at([]string{"tenant_tiers", tenant}, "tenant and tier must not be empty (tier %q)", h.TenantTiers[tenant])
@@ -159,13 +165,22 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 	if err != nil {
 		return nil, at(sub(path, "algorithm"), "%q: unknown (allowed: %s)", pc.Algorithm, limiter.AlgorithmNames)
 	}
+	if pc.Algorithm == "" && pc.Calendar != nil {
+		alg = limiter.FixedWindow // a calendar quota counts per period
+	}
+	if err := checkCalendar(sub(path, "calendar"), pc.Calendar, time.Duration(pc.Window), alg); err != nil {
+		return nil, err
+	}
 	if pc.MaxEvents == 0 {
 		return nil, at(sub(path, "max_events"), "must be set to %s", countRange(1))
 	}
 	if err := limiter.CheckCount(pc.MaxEvents, 1); err != nil {
 		return nil, at(sub(path, "max_events"), "%v", err)
 	}
-	if pc.Window == 0 && alg != limiter.Concurrency {
+	if pc.Window == 0 && alg != limiter.Concurrency && pc.Calendar == nil {
+		if alg == limiter.FixedWindow {
+			return nil, at(sub(path, "window"), "required for algorithm %s (only concurrency takes none), or a calendar period instead", alg)
+		}
 		return nil, at(sub(path, "window"), "required for algorithm %s (only concurrency takes none)", alg)
 	}
 	if err := checkWindow(sub(path, "window"), pc.Window); err != nil {
@@ -208,6 +223,9 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 	if err := checkEnum(sub(path, "fail_mode"), pc.FailMode, failModeValues); err != nil {
 		return nil, err
 	}
+	if err := checkNearLimit(sub(path, "near_limit"), pc.NearLimit); err != nil {
+		return nil, err
+	}
 	if pc.IPv4Prefix < 0 || pc.IPv4Prefix > 32 {
 		return nil, at(sub(path, "ipv4_prefix"), "%d is out of range (allowed: 0 to 32)", pc.IPv4Prefix)
 	}
@@ -247,8 +265,8 @@ func checkLimitConfig(path []string, name string, lc *LimitConfig, alg limiter.A
 	case lc == nil:
 		return at(path, "is null")
 	case lc.Unlimited:
-		if lc.MaxEvents != 0 || lc.Window != 0 || lc.Burst != 0 {
-			return at(path, "unlimited excludes max_events, window and burst")
+		if lc.MaxEvents != 0 || lc.Window != 0 || lc.Burst != 0 || lc.Calendar != nil {
+			return at(path, "unlimited excludes max_events, window, calendar and burst")
 		}
 		return nil
 	case lc.MaxEvents == 0:
@@ -258,6 +276,9 @@ func checkLimitConfig(path []string, name string, lc *LimitConfig, alg limiter.A
 		return at(sub(path, "max_events"), "%v", err)
 	}
 	if err := checkWindow(sub(path, "window"), lc.Window); err != nil {
+		return err
+	}
+	if err := checkCalendar(sub(path, "calendar"), lc.Calendar, time.Duration(lc.Window), alg); err != nil {
 		return err
 	}
 	return checkBurst(sub(path, "burst"), lc.Burst, alg)
@@ -310,6 +331,14 @@ func checkLease(path []string, lc *LeaseConfig) error {
 		return at(sub(path, "max_tokens"), "%v; 0 disables leasing", err)
 	}
 	return checkWindow(sub(path, "ttl"), lc.TTL)
+}
+
+// checkNearLimit accepts 0 (the default) and fractions in (0, 1].
+func checkNearLimit(path []string, f float64) error {
+	if f != 0 && (math.IsNaN(f) || f < 0 || f > 1) {
+		return at(path, "%v: want a fraction above 0 and at most 1 (0.8: near once less than 20%% of the limit is left; 1: never)", f)
+	}
+	return nil
 }
 
 // checkEnum accepts "" (the default) and the allowed values.
@@ -391,6 +420,9 @@ func buildPolicy(name string, pc *PolicyConfig, alg limiter.Algorithm, tenantLim
 			Shadow: shadow,
 		},
 	}
+	if cal, _ := pc.Calendar.calendar(); cal != nil { // validated
+		p.Limit.Window, p.Limit.Calendar = cal.Nominal(), cal
+	}
 	lc := pc.Lease
 	if lc == nil {
 		lc = h.Lease
@@ -411,6 +443,7 @@ func buildPolicy(name string, pc *PolicyConfig, alg limiter.Algorithm, tenantLim
 }
 
 // convertLimits converts tiers or tenant limits; base is the policy's rate.
+// A limit that sets neither window nor calendar keeps the policy's period.
 func convertLimits(m map[string]*LimitConfig, base limiter.Rate, shadow bool) map[string]limiter.Limit {
 	if len(m) == 0 {
 		return nil
@@ -425,8 +458,10 @@ func convertLimits(m map[string]*LimitConfig, base limiter.Rate, shadow bool) ma
 				Burst:       lc.Burst,
 				MinInterval: base.MinInterval,
 			}
-			if l.Window == 0 {
-				l.Window = base.Window
+			if cal, _ := lc.Calendar.calendar(); cal != nil { // validated
+				l.Window, l.Calendar = cal.Nominal(), cal
+			} else if l.Window == 0 {
+				l.Window, l.Calendar = base.Window, base.Calendar
 			}
 		}
 		out[k] = l

@@ -61,11 +61,14 @@ const recoveryFlushInterval = time.Second
 //   - the Recorder of what fail_mode local admitted while Redis failed,
 //     charged back to Redis every second once it answers;
 //   - the runtime overrides kept in sync with Redis (Overrides);
-//   - the denial stream writer (Denials).
+//   - the denial stream writer (Denials);
+//   - the near-limit board, published for the fleet (NearLimit).
 //
 // Its background work, per instance: the heartbeat script once a second,
 // one GET of the override version once a second (see OverrideSync), and
 // nothing else while idle; nothing depends on the size of the keyspace.
+// (While tenants cross their near-limit threshold, one pipelined write of
+// the near-limit snapshot every 5 seconds.)
 type Backend struct {
 	opts    BackendOptions
 	client  *client
@@ -75,6 +78,8 @@ type Backend struct {
 	rec     *limiter.Recorder
 	ovr     *OverrideSync
 	denials *DenialStream
+	near    *NearLimitBoard
+	nearPub *nearPublisher
 	users   users
 	logger  *zap.Logger
 
@@ -139,6 +144,8 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 		logger:   b.logger,
 		dropped:  b.dropped,
 	})
+	b.near = NewNearLimitBoard()
+	b.nearPub = newNearPublisher(b.near, c, opts.Prefix, b.reg.ID(), b.store, b.logger)
 	b.ovr = newOverrideSync(overrideSyncOptions{
 		client:  c,
 		prefix:  opts.Prefix,
@@ -162,6 +169,7 @@ func (b *Backend) Release() error {
 	<-b.done
 	b.flush()
 	b.denials.close()
+	b.nearPub.close()
 	b.ovr.close()
 	return errors.Join(b.reg.Close(), releaseClient(b.opts.Connection.key(), b.client))
 }

@@ -97,6 +97,9 @@ func (c *Check) validate() error {
 	if err = CheckInterval(r.MinInterval); err != nil {
 		return fmt.Errorf("%w: min_interval %w", ErrInvalidCheck, err)
 	}
+	if err = checkCalendar(r, c.Algorithm); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidCheck, err)
+	}
 	return nil
 }
 
@@ -134,7 +137,7 @@ func expiresAt(a Algorithm, s bucketState, log *logRing, r Rate) int64 {
 		return s.At
 	case FixedWindow:
 		if s.N > 0 {
-			return satAdd(s.At, int64(r.Window))
+			return fixedWindowEnd(s.At, r)
 		}
 		return s.At
 	case SlidingLog:

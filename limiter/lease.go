@@ -141,6 +141,9 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 	}
 	sc.args = append(sc.args[:0], nowArg, req.Want, max(req.Instances, 1), micros(ttl), req.GiveBack, req.GiveBackAt)
 	keys := sc.appendCheckArgs(checks, sc.all)
+	if hasCalendar(checks, sc.all) {
+		sc.appendCalendarArgs(checks, sc.all, s.gatewayNow())
+	}
 	script := scriptLeaseTake
 	if req.Want == 0 {
 		script = scriptLeaseGive

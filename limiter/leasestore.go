@@ -249,6 +249,12 @@ func appendLeaseKey(b []byte, checks []Check) []byte {
 		b = binary.AppendVarint(b, c.Rate.Limit)
 		b = binary.AppendVarint(b, int64(c.Rate.Window))
 		b = binary.AppendVarint(b, c.Rate.Burst)
+		var cal string
+		if c.Rate.Calendar != nil {
+			cal = c.Rate.Calendar.name
+		}
+		b = binary.AppendUvarint(b, uint64(len(cal)))
+		b = append(b, cal...)
 	}
 	return b
 }

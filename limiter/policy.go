@@ -125,5 +125,8 @@ func (p *Policy) validateLimit(l Limit) error {
 	if err := p.Algorithm.CheckMinInterval(l.MinInterval); err != nil {
 		return fmt.Errorf("min_interval: %w", err)
 	}
+	if err := checkCalendar(l.Rate, p.Algorithm); err != nil {
+		return fmt.Errorf("calendar: %w", err)
+	}
 	return nil
 }

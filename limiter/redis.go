@@ -202,7 +202,8 @@ type redisScratch struct {
 	ckeys []string // keys of the current script call
 	nums  []int64  // numeric arguments of the current call, 5 per check
 	args  []any
-	all   []int // 0..n-1
+	all   []int   // 0..n-1
+	cal   []int64 // period boundaries of the calendar checks (appendCalendarArgs)
 	// inFlight: a batch may still send args (its caller gave up).
 	inFlight bool
 }
@@ -433,6 +434,9 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 		sc.args = append(sc.args[:0], nowArg, strconv.FormatInt(at, 10))
 	}
 	keys := sc.appendCheckArgs(checks, idx)
+	if hasCalendar(checks, idx) {
+		sc.appendCalendarArgs(checks, idx, s.gatewayNow())
+	}
 	reply, err := s.eval(ctx, sc, script, keys, sc.args)
 	if err != nil {
 		return false, 0, err

@@ -30,11 +30,11 @@ func requireGroupedLog(t testing.TB, s Store) {
 	}
 	switch s := s.(type) {
 	case *MemoryStore:
-		key := string(AppendKey(nil, s.prefix, SlidingLog, c.Tenant, c.Policy, ""))
+		key := AppendKey(nil, s.prefix, SlidingLog, c.Tenant, c.Policy, "")
 		for i := range s.shards {
 			sh := &s.shards[i]
 			sh.mu.Lock()
-			e := sh.m[key]
+			e := sh.m[string(key)]
 			n := 0
 			if e != nil {
 				n = e.log.len()
@@ -364,17 +364,16 @@ func TestSlidingLogHugeCost(t *testing.T) {
 				t.Errorf("64 requests of cost 2^40 allocated %d bytes", alloc)
 			}
 			t.Logf("64 requests of cost 2^40 in %s", elapsed)
-			key := string(AppendKey(nil, DefaultPrefix, SlidingLog, c.Tenant, c.Policy, ""))
 			switch s := s.(type) {
 			case *MemoryStore:
-				key = string(AppendKey(nil, s.prefix, SlidingLog, c.Tenant, c.Policy, ""))
+				key := AppendKey(nil, s.prefix, SlidingLog, c.Tenant, c.Policy, "")
 				for i := range s.shards {
-					if e := s.shards[i].m[key]; e != nil && (e.log.len() != 64 || e.log.bytes() != 64*logEntryBytes) {
+					if e := s.shards[i].m[string(key)]; e != nil && (e.log.len() != 64 || e.log.bytes() != 64*logEntryBytes) {
 						t.Fatalf("log of %d entries in %d bytes, want 64 in %d", e.log.len(), e.log.bytes(), 64*logEntryBytes)
 					}
 				}
 			case *RedisStore:
-				key = string(AppendKey(nil, s.prefix, SlidingLog, c.Tenant, c.Policy, ""))
+				key := string(AppendKey(nil, s.prefix, SlidingLog, c.Tenant, c.Policy, ""))
 				if n := s.client.LLen(bgCtx, key).Val(); n != 1+2*64 {
 					t.Fatalf("list of %d elements, want %d", n, 1+2*64)
 				}

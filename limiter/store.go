@@ -17,6 +17,10 @@ type Rate struct {
 	// MinInterval is the smallest gap SlidingLog allows between two admitted
 	// requests; 0 means no gap is required.
 	MinInterval time.Duration
+	// Calendar, when set, makes a FixedWindow rate count per calendar
+	// period (days, ISO weeks or months of a time zone) instead of per
+	// Window; Window is then the calendar's Nominal (see CalendarRate).
+	Calendar *Calendar
 }
 
 // Capacity is the most units the bucket can hold: Burst when set, else Limit.

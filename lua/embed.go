@@ -1,7 +1,8 @@
 // Package lua holds Tollgate's Redis scripts.
 //
 // Each algorithm lives in its own file (token_bucket.lua, gcra.lua,
-// sliding_window.lua, fixed_window.lua, sliding_log.lua, concurrency.lua)
+// sliding_window.lua, fixed_window.lua, sliding_log.lua, concurrency.lua,
+// and calendar.lua: fixed_window over calendar periods)
 // as a table of pure functions that mirror the Go functions of package
 // limiter, in microseconds. The scripts that Redis runs are assembled from
 // them: common.lua (shared helpers), every algorithm file, then an entry
@@ -29,6 +30,8 @@ var (
 	slidingLog string
 	//go:embed concurrency.lua
 	concurrency string
+	//go:embed calendar.lua
+	calendar string
 	//go:embed decide.lua
 	decide string
 	//go:embed refund.lua
@@ -42,7 +45,7 @@ var (
 )
 
 // algorithms is common.lua followed by every algorithm file.
-var algorithms = common + tokenBucket + gcra + slidingWindow + fixedWindow + slidingLog + concurrency
+var algorithms = common + tokenBucket + gcra + slidingWindow + fixedWindow + slidingLog + concurrency + calendar
 
 // The assembled scripts.
 var (

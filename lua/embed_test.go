@@ -18,6 +18,7 @@ func TestAssembly(t *testing.T) {
 			"ALGORITHMS.fixed_window = function()",
 			"ALGORITHMS.sliding_log = function()",
 			"ALGORITHMS.concurrency = function()",
+			"ALGORITHMS.calendar = function()",
 		} {
 			i := strings.Index(src, part)
 			if i < 0 || i < last {

@@ -11,8 +11,8 @@
 -- ARGV[5]  give back: requests' worth of units left from the previous lease
 -- ARGV[6]  the instant (µs) the previous lease was charged at
 -- ARGV[7 + 7(i-1) ...] check i, laid out as for decide.lua; cost is one
---          request's units. Only token_bucket, gcra, sliding_window and
---          fixed_window may lease; shadow is ignored.
+--          request's units. Only token_bucket, gcra, sliding_window,
+--          fixed_window and calendar may lease; shadow is ignored.
 --
 -- Returns {granted, now_us, expires_us, then per check: allowed (1/0),
 -- remaining, retry_after_us, reset_us}.
@@ -29,8 +29,9 @@
 -- buckets that deny).
 --
 -- expires_us is how long the granted units may be served: the ttl, cut at
--- the end of the current window for sliding and fixed windows (units of a
--- window spent in the next one would be counted in the wrong window).
+-- the end of the current window for sliding and fixed windows, and of the
+-- current period for calendar ones (units of a window spent in the next
+-- one would be counted in the wrong window).
 local now = now_us(ARGV[1])
 local want = tonumber(ARGV[2])
 local instances = math.max(tonumber(ARGV[3]), 1)
@@ -43,7 +44,7 @@ local algs, rates, costs, states, dirty = {}, {}, {}, {}, {}
 for i = 1, n do
   local alg, r, cost = parse_check(i, 6)
   local name = ARGV[7 + CHECK_ARGS * (i - 1)]
-  if name ~= 'token_bucket' and name ~= 'gcra' and name ~= 'sliding_window' and name ~= 'fixed_window' then
+  if name ~= 'token_bucket' and name ~= 'gcra' and name ~= 'sliding_window' and name ~= 'fixed_window' and name ~= 'calendar' then
     error('tollgate: ' .. name .. ' cannot lease')
   end
   local raw = redis.call('GET', KEYS[i])
@@ -57,6 +58,8 @@ for i = 1, n do
   algs[i], rates[i], costs[i], states[i] = alg, r, cost, s
   if name == 'sliding_window' or name == 'fixed_window' then
     expires = math.min(expires, window_start(now, r.window) + r.window - now)
+  elseif name == 'calendar' then
+    expires = math.min(expires, alg.lease_end(s, now, r))
   end
 end
 
