@@ -96,8 +96,10 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 // Valued subdirectives may be given once per block; flags, `match`,
 // `tenant_tier`, `tier`, `tenant_limit`, `address` and `policy` repeat. The
 // parser checks syntax; the configuration rules are validate.go's, run on
-// what was read, and every error names the file and line at fault. At least
-// one policy is required.
+// what was read, and every error names the file and line at fault. A
+// `zone` block is written as caddy-ratelimit writes it, so it means what it
+// meant there; a `policy` block also gets Tollgate's defaults written out
+// (writePolicyDefaults).
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	rec := &cfRecord{directive: d.Token()}
@@ -108,9 +110,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := parseBlock(p, handlerBlock, h); err != nil {
 		return err
 	}
-	if len(h.RateLimits) == 0 {
-		return d.Err("no policy defined in rate_limit: add at least one `policy <name> { limit <n> window <duration> }`")
-	}
+	h.writePolicyDefaults(rec.policyBlocks)
 	if _, err := h.validateConfig(); err != nil {
 		var fe *fieldError
 		if errors.As(err, &fe) {
@@ -119,6 +119,25 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return err
 	}
 	return nil
+}
+
+// writePolicyDefaults writes Tollgate's defaults into the policies read
+// from `policy` blocks (names): a policy block means what it always meant,
+// while a JSON policy that leaves them out means what a caddy-ratelimit
+// zone means (see PolicyConfig). Only fields the block left out are
+// written: the sliding_window algorithm, one bucket per client IP when the
+// handler has no tenant, and all-or-nothing charging.
+func (h *Handler) writePolicyDefaults(names []string) {
+	for _, name := range names {
+		pc := h.RateLimits[name]
+		if pc.Algorithm == "" {
+			pc.Algorithm = limiter.SlidingWindow.String()
+		}
+		if pc.Key == "" && h.Tenant == "" {
+			pc.Key = defaultKey
+		}
+		pc.AllOrNothing = true
+	}
 }
 
 // handlerBlock lists the subdirectives of `rate_limit`, in the order the
@@ -368,7 +387,7 @@ func parseJitter(p cfParser, h *Handler) error {
 	}
 	j, err := strconv.ParseFloat(s, 64)
 	if err != nil {
-		return p.dirErr("%q is not a number (want a fraction from 0 to %d, e.g. 0.2 for up to 20%% extra)", s, maxJitter)
+		return p.dirErr("%q is not a number (want a fraction, e.g. 0.2 for up to 20%% extra)", s)
 	}
 	h.Jitter = j
 	return nil
@@ -507,6 +526,9 @@ func parsePolicy(p cfParser, h *Handler) error {
 	path := []string{"rate_limits", name}
 	scope := p.dir + " " + name
 	p.record(path, scope)
+	if p.dir == "policy" {
+		p.rec.policyBlocks = append(p.rec.policyBlocks, name)
+	}
 	ps := &policyState{name: name, pc: new(PolicyConfig), limitRules: map[string]int{}}
 	if err := parseBlock(p.nested(scope, path), policyBlock, ps); err != nil {
 		return err

@@ -274,6 +274,9 @@ func (p cfParser) lease() (*LeaseConfig, error) {
 // cfRecord maps JSON paths to where the Caddyfile set them.
 type cfRecord struct {
 	m map[string]cfField
+	// policyBlocks names the policies read from `policy` blocks (the others
+	// are `zone` blocks).
+	policyBlocks []string
 	// directive is the rate_limit token, for errors about fields the
 	// Caddyfile never set.
 	directive caddyfile.Token

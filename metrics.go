@@ -245,9 +245,8 @@ type policyMetrics struct {
 	duration [numSources]prometheus.Observer
 }
 
-func (pm *policyMetrics) init(index int, p *limiter.Policy, redis bool) {
+func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis bool) {
 	pm.index = index
-	name := p.Name
 	for _, d := range []decisionLabel{decisionAllowed, decisionDenied, decisionShadowDenied} {
 		pm.requests[d] = collectors.requests.WithLabelValues(name, decisionNames[d])
 	}
@@ -330,8 +329,8 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	m := &handlerMetrics{redis: h.Redis != nil}
 	names := make([]string, len(h.policies))
 	for i, p := range h.policies {
-		p.metrics.init(i, p.policy, m.redis)
-		names[i] = p.policy.Name
+		p.metrics.init(i, p.label, p.policy, m.redis)
+		names[i] = p.label
 	}
 	if h.MetricsTenants > 0 {
 		tt, key, err := loadTenantTracker(h.MetricsTenants, names)
@@ -377,7 +376,7 @@ func (h *Handler) recordDecision(st *requestState, start time.Time) {
 		}
 		p := st.policies[i]
 		dec, src := classify(v, m.redis)
-		p.metrics.record(p.policy.Name, dec, src, secs)
+		p.metrics.record(p.label, dec, src, secs)
 		if m.tenants != nil {
 			m.tenants.counter(p.metrics.index, st.items[i].Tenant, dec).Inc()
 		}

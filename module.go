@@ -60,7 +60,8 @@ type Handler struct {
 	TenantTiers map[string]string `json:"tenant_tiers,omitempty"`
 
 	// When tenant resolves to an empty string: "shared" (default) counts
-	// the request in one "_anonymous" bucket, "deny" answers 429.
+	// the request in one bucket per policy, the anonymous tenant's (no
+	// tenant value can share it), "deny" answers 429.
 	MissingTenant string `json:"missing_tenant,omitempty"`
 
 	// Default lease for every policy. Applies to the Redis store only.
@@ -129,7 +130,10 @@ type Handler struct {
 	// lastStoreWarning (unix nanos) throttles store failure logs.
 	lastStoreWarning *atomic.Int64
 	policies         []*policyRuntime
-	headerMode       headerMode
+	// zones: some policy is charged as a caddy-ratelimit zone (no
+	// all_or_nothing), see chargeZones.
+	zones      bool
+	headerMode headerMode
 	// metrics is nil when metrics are disabled.
 	metrics *handlerMetrics
 	// overrides holds the runtime overrides (admin API) of the store.
@@ -250,17 +254,17 @@ func (h *Handler) provisionRedis() error {
 // map a request onto them: matchers, key template, cost.
 func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Policy) error {
 	h.policies = make([]*policyRuntime, 0, len(policies))
-	for _, policy := range policies {
-		name := policy.Name
+	names := sortedKeys(h.RateLimits) // the order of policies
+	for i, policy := range policies {
+		name := names[i]
 		pc := h.RateLimits[name]
 		rt := &policyRuntime{
-			policy:     policy,
-			key:        pc.Key,
-			ipv4Prefix: pc.IPv4Prefix,
-			ipv6Prefix: pc.IPv6Prefix,
-		}
-		if h.Tenant == "" && rt.key == "" {
-			rt.key = defaultKey
+			policy:       policy,
+			name:         name,
+			key:          pc.Key,
+			ipv4Prefix:   pc.IPv4Prefix,
+			ipv6Prefix:   pc.IPv6Prefix,
+			allOrNothing: pc.AllOrNothing,
 		}
 		if n, ok := pc.Cost.constant(); ok {
 			rt.cost = n
@@ -277,6 +281,7 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 			}
 		}
 		rt.precomputeHeaders()
+		h.zones = h.zones || !rt.allOrNothing
 		h.policies = append(h.policies, rt)
 	}
 	return nil
@@ -324,14 +329,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	st := getRequestState()
 	defer putRequestState(st)
 
+	// An empty tenant (missing_tenant shared) or key is the anonymous
+	// bucket: the empty value itself, which no request value that is not
+	// empty can equal, in the engine or in a store key.
 	var tenant string
 	if h.Tenant != "" {
 		tenant = expand(repl, h.Tenant)
-		if tenant == "" {
-			if h.MissingTenant == missingTenantDeny {
-				return h.denyMissingTenant(w, repl)
-			}
-			tenant = anonymousTenant
+		if tenant == "" && h.MissingTenant == missingTenantDeny {
+			return h.denyMissingTenant(w, repl)
 		}
 	}
 	tierTemplate := ""
@@ -347,8 +352,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		item := limiter.Item{Policy: p.policy, Tenant: tenant, Cost: p.requestCost(repl)}
 		if h.Tenant != "" {
 			item.Part = p.resolveKey(repl)
-		} else if item.Tenant = p.resolveKey(repl); item.Tenant == "" {
-			item.Tenant = anonymousTenant
+		} else {
+			item.Tenant = p.resolveKey(repl)
 		}
 		if tier, ok := h.TenantTiers[item.Tenant]; ok {
 			item.Tier = tier
@@ -383,7 +388,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.recordDecision(st, start)
 	shown := h.report(w, r, repl, st)
 	if !d.Admitted {
-		return h.deny(w, repl, st, shown)
+		if h.zones {
+			h.chargeZones(r.Context(), st)
+		}
+		return h.deny(w, r, repl, st, shown)
 	}
 	if d.HoldsSlots() {
 		// Deferred after putRequestState, so it runs first: the slots go
