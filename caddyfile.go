@@ -1,7 +1,6 @@
 package tollgate
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -336,27 +335,18 @@ var tlsBlock = block[*RedisTLSConfig]{
 	}},
 }
 
-// distributedConfig is caddy-ratelimit's `distributed` block. Tollgate
-// keeps it (durations as written) only so the adapted JSON shows what was
-// configured; the handler ignores it with a warning because `redis`
-// supersedes it.
-type distributedConfig struct {
-	ReadInterval  string `json:"read_interval,omitempty"`
-	WriteInterval string `json:"write_interval,omitempty"`
-	PurgeAge      string `json:"purge_age,omitempty"`
-}
-
-var distributedBlock = block[*distributedConfig]{
-	{name: "read_interval", usage: "read_interval <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
-		c.ReadInterval, err = p.durationText()
+// distributedBlock lists the subdirectives of `distributed { ... }`.
+var distributedBlock = block[*DistributedConfig]{
+	{name: "read_interval", usage: "read_interval <duration>", field: "read_interval", parse: func(p cfParser, c *DistributedConfig) (err error) {
+		c.ReadInterval, err = p.durationArg()
 		return err
 	}},
-	{name: "write_interval", usage: "write_interval <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
-		c.WriteInterval, err = p.durationText()
+	{name: "write_interval", usage: "write_interval <duration>", field: "write_interval", parse: func(p cfParser, c *DistributedConfig) (err error) {
+		c.WriteInterval, err = p.durationArg()
 		return err
 	}},
-	{name: "purge_age", usage: "purge_age <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
-		c.PurgeAge, err = p.durationText()
+	{name: "purge_age", usage: "purge_age <duration>", field: "purge_age", parse: func(p cfParser, c *DistributedConfig) (err error) {
+		c.PurgeAge, err = p.durationArg()
 		return err
 	}},
 }
@@ -417,15 +407,11 @@ func parseDistributed(p cfParser, h *Handler) error {
 	if _, err := p.lineArgs(0, 0); err != nil {
 		return err
 	}
-	var c distributedConfig
-	if err := parseBlock(p.nested("distributed", []string{"distributed"}), distributedBlock, &c); err != nil {
+	c := new(DistributedConfig)
+	if err := parseBlock(p.nested("distributed", []string{"distributed"}), distributedBlock, c); err != nil {
 		return err
 	}
-	raw, err := json.Marshal(c)
-	if err != nil {
-		return p.dirErr("%v", err)
-	}
-	h.Distributed = raw
+	h.Distributed = c
 	return nil
 }
 

@@ -239,16 +239,6 @@ func (p cfParser) durationArg() (caddy.Duration, error) {
 	return p.parseDuration(s)
 }
 
-// durationText reads one positive duration argument and returns it as written.
-func (p cfParser) durationText() (string, error) {
-	s, err := p.word()
-	if err != nil {
-		return "", err
-	}
-	_, err = p.parseDuration(s)
-	return s, err
-}
-
 // lease reads `lease <max_tokens> [<ttl>]`, recording both at the line.
 func (p cfParser) lease() (*LeaseConfig, error) {
 	path := sub(p.path, "lease")

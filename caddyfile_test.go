@@ -279,10 +279,14 @@ func TestCaddyfileHandlerDirectives(t *testing.T) {
 		{"flags repeat", withPolicy("log_key\nlog_key\nshadow\nshadow"), baseHandler(func(h *Handler) { h.LogKey, h.Shadow = true, true })},
 		{"sweep_interval", withPolicy("sweep_interval 30s"), baseHandler(func(h *Handler) { h.SweepInterval = dur("30s") })},
 		{"disable_metrics", withPolicy("disable_metrics"), baseHandler(func(h *Handler) { h.DisableMetrics = true })},
-		{"distributed bare", withPolicy("distributed"), baseHandler(func(h *Handler) { h.Distributed = json.RawMessage(`{}`) })},
-		{"distributed block", withPolicy("distributed {\n read_interval 2s\n write_interval 3s\n purge_age 1m\n}"), baseHandler(func(h *Handler) {
-			h.Distributed = json.RawMessage(`{"read_interval":"2s","write_interval":"3s","purge_age":"1m"}`)
-		})},
+		{"distributed bare", "rate_limit {\n distributed\n zone z {\n  events 5\n  window 1m\n }\n}", &Handler{
+			Distributed: &DistributedConfig{},
+			RateLimits:  map[string]*PolicyConfig{"z": {MaxEvents: 5, Window: dur("1m")}},
+		}},
+		{"distributed block", "rate_limit {\n distributed {\n  read_interval 2s\n  write_interval 3s\n  purge_age 1m\n }\n zone z {\n  events 5\n  window 1m\n }\n}", &Handler{
+			Distributed: &DistributedConfig{ReadInterval: dur("2s"), WriteInterval: dur("3s"), PurgeAge: dur("1m")},
+			RateLimits:  map[string]*PolicyConfig{"z": {MaxEvents: 5, Window: dur("1m")}},
+		}},
 		{"storage", withPolicy("storage file_system /var/lib/rl"), baseHandler(func(h *Handler) {
 			h.StorageRaw = json.RawMessage(`{"module":"file_system","root":"/var/lib/rl"}`)
 		})},

@@ -102,13 +102,13 @@ type Handler struct {
 	// Do not record this handler's metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
-	// Accepted for caddy-ratelimit compatibility and ignored with a
-	// warning: `redis` supersedes it.
-	Distributed json.RawMessage `json:"distributed,omitempty"`
+	// caddy-ratelimit's approximate distributed mode: share zone usage
+	// with the other instances through storage (see DistributedConfig).
+	// Ignored with a warning when `redis` is set: Redis is exact.
+	Distributed *DistributedConfig `json:"distributed,omitempty"`
 
-	// Accepted for caddy-ratelimit compatibility and ignored with a
-	// warning: `redis` supersedes it.
-	StorageRaw json.RawMessage `json:"storage,omitempty"`
+	// The storage module distributed uses. Default: Caddy's storage.
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
 
 	ctx    caddy.Context
 	logger *zap.Logger
@@ -138,6 +138,8 @@ type Handler struct {
 	metrics *handlerMetrics
 	// overrides holds the runtime overrides (admin API) of the store.
 	overrides *fleet.OverrideTable
+	// peers is the handler's hold on its distributed exchange, or nil.
+	peers *peerAttachment
 }
 
 // CaddyModule returns the Caddy module information.
@@ -163,11 +165,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.lastStoreWarning = new(atomic.Int64)
 
-	if len(h.Distributed) > 0 {
-		h.logger.Warn("caddy-ratelimit's 'distributed' option is ignored: Tollgate is exact across instances with a 'redis' block")
-	}
-	if len(h.StorageRaw) > 0 {
-		h.logger.Warn("caddy-ratelimit's 'storage' option is ignored: use a 'redis' block to share limits across instances")
+	switch {
+	case h.Distributed != nil && h.Redis != nil:
+		h.logger.Warn("'distributed' is ignored with a 'redis' block: Redis shares limits exactly")
+	case h.Distributed == nil && len(h.StorageRaw) > 0:
+		h.logger.Warn("'storage' is used only by 'distributed': it is ignored")
 	}
 	policies, err := h.validateConfig()
 	if err != nil {
@@ -209,6 +211,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		h.overrides = memoryOverrides
+		if h.Distributed != nil {
+			if err := h.provisionDistributed(ctx); err != nil {
+				return err
+			}
+		}
 	}
 	registerHandler(h)
 	return nil
@@ -296,6 +303,7 @@ func (h *Handler) Cleanup() error {
 		h.denials.Release(h.DenialsStream)
 		h.denials = nil
 	}
+	errs = append(errs, h.cleanupDistributed())
 	if h.storeKey != "" {
 		_, err := embeddedStores.Delete(h.storeKey)
 		errs = append(errs, err)

@@ -79,6 +79,8 @@ func sub(path []string, more ...string) []string {
 //   - A lease set on a sliding_log or concurrency policy is an error (those
 //     algorithms cannot lease); the handler-level lease is only a default,
 //     and policies whose algorithm cannot lease do not inherit it.
+//   - With distributed (and no redis) every policy must count with
+//     sliding_log: what instances exchange is a count of logged units.
 //   - jitter must not be negative (caddy-ratelimit's only rule); NaN means
 //     no jitter and Retry-After stays bounded whatever the value.
 func (h *Handler) validateConfig() ([]*limiter.Policy, error) {
@@ -90,6 +92,9 @@ func (h *Handler) validateConfig() ([]*limiter.Policy, error) {
 		p, err := h.validatePolicy(name, h.RateLimits[name])
 		if err != nil {
 			return nil, err
+		}
+		if h.Distributed != nil && h.Redis == nil && p.Algorithm != limiter.SlidingLog {
+			return nil, at([]string{"rate_limits", name, "algorithm"}, "%s: distributed shares sliding_log usage only, as caddy-ratelimit's zones count (use algorithm sliding_log, or a redis block to share any algorithm exactly)", p.Algorithm)
 		}
 		policies = append(policies, p)
 	}
@@ -122,6 +127,16 @@ func (h *Handler) validateHandler() error {
 		return at([]string{"metrics_tenants"}, "%d is out of range (allowed: 0 to %d; 0 disables per-tenant series)", h.MetricsTenants, maxMetricsTenants)
 	case h.SweepInterval < 0:
 		return at([]string{"sweep_interval"}, "%s: must not be negative", time.Duration(h.SweepInterval))
+	}
+	if d := h.Distributed; d != nil {
+		for _, f := range []struct {
+			field string
+			v     caddy.Duration
+		}{{"read_interval", d.ReadInterval}, {"write_interval", d.WriteInterval}, {"purge_age", d.PurgeAge}} {
+			if f.v < 0 {
+				return at([]string{"distributed", f.field}, "%s: must not be negative (0 is the default)", time.Duration(f.v))
+			}
+		}
 	}
 	for _, tenant := range sortedKeys(h.TenantTiers) {
 		if tenant == "" || h.TenantTiers[tenant] == "" {
