@@ -162,6 +162,7 @@ func allCollectors() []prometheus.Collector {
 		collectors.requests, collectors.duration, collectors.redisCalls,
 		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
 		collectors.tenantRequests, collectors.denialsDropped,
+		compatCollectors.declined, compatCollectors.processTime, compatCollectors.keys, compatCollectors.config,
 	}
 }
 
@@ -330,6 +331,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	names := make([]string, len(h.policies))
 	for i, p := range h.policies {
 		p.metrics.init(i, p.label, p.policy, m.redis)
+		p.initCompat(h.RateLimits[p.name])
 		names[i] = p.label
 	}
 	if h.MetricsTenants > 0 {
@@ -368,6 +370,7 @@ func (h *Handler) recordDecision(st *requestState, start time.Time) {
 		return
 	}
 	secs := time.Since(start).Seconds()
+	recordCompat(st, secs)
 	d := &st.decision
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]

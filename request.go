@@ -49,8 +49,10 @@ type policyRuntime struct {
 	// nameValue and limitValue are the policy's name and own limit boxed
 	// once, for the replacer: boxing them per request would allocate.
 	nameValue, limitValue any
-	// metrics holds the policy's metric children, resolved at Provision.
+	// metrics holds the policy's metric children, resolved at Provision;
+	// compat those of caddy-ratelimit's families.
 	metrics policyMetrics
+	compat  compatMetrics
 }
 
 // requestState is the per-request scratch space, pooled so a decision
