@@ -1,7 +1,6 @@
 package tollgate
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -100,8 +99,10 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 // Valued subdirectives may be given once per block; flags, `match`,
 // `tenant_tier`, `tier`, `tenant_limit`, `address` and `policy` repeat. The
 // parser checks syntax; the configuration rules are validate.go's, run on
-// what was read, and every error names the file and line at fault. At least
-// one policy is required.
+// what was read, and every error names the file and line at fault. A
+// `zone` block is written as caddy-ratelimit writes it, so it means what it
+// meant there; a `policy` block also gets Tollgate's defaults written out
+// (writePolicyDefaults).
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	rec := &cfRecord{directive: d.Token()}
@@ -112,9 +113,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := parseBlock(p, handlerBlock, h); err != nil {
 		return err
 	}
-	if len(h.RateLimits) == 0 {
-		return d.Err("no policy defined in rate_limit: add at least one `policy <name> { limit <n> window <duration> }`")
-	}
+	h.writePolicyDefaults(rec.policyBlocks)
 	if _, err := h.validateConfig(); err != nil {
 		var fe *fieldError
 		if errors.As(err, &fe) {
@@ -123,6 +122,30 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return err
 	}
 	return nil
+}
+
+// writePolicyDefaults writes Tollgate's defaults into the policies read
+// from `policy` blocks (names): a policy block means what it always meant,
+// while a JSON policy that leaves them out means what a caddy-ratelimit
+// zone means (see PolicyConfig). Only fields the block left out are
+// written: the sliding_window algorithm (fixed_window for a calendar
+// quota, the only one that counts per period), one bucket per client IP
+// when the handler has no tenant, and all-or-nothing charging.
+func (h *Handler) writePolicyDefaults(names []string) {
+	for _, name := range names {
+		pc := h.RateLimits[name]
+		switch {
+		case pc.Algorithm != "":
+		case pc.Calendar != nil:
+			pc.Algorithm = limiter.FixedWindow.String()
+		default:
+			pc.Algorithm = limiter.SlidingWindow.String()
+		}
+		if pc.Key == "" && h.Tenant == "" {
+			pc.Key = defaultKey
+		}
+		pc.AllOrNothing = true
+	}
 }
 
 // handlerBlock lists the subdirectives of `rate_limit`, in the order the
@@ -337,27 +360,18 @@ var tlsBlock = block[*RedisTLSConfig]{
 	}},
 }
 
-// distributedConfig is caddy-ratelimit's `distributed` block. Tollgate
-// keeps it (durations as written) only so the adapted JSON shows what was
-// configured; the handler ignores it with a warning because `redis`
-// supersedes it.
-type distributedConfig struct {
-	ReadInterval  string `json:"read_interval,omitempty"`
-	WriteInterval string `json:"write_interval,omitempty"`
-	PurgeAge      string `json:"purge_age,omitempty"`
-}
-
-var distributedBlock = block[*distributedConfig]{
-	{name: "read_interval", usage: "read_interval <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
-		c.ReadInterval, err = p.durationText()
+// distributedBlock lists the subdirectives of `distributed { ... }`.
+var distributedBlock = block[*DistributedConfig]{
+	{name: "read_interval", usage: "read_interval <duration>", field: "read_interval", parse: func(p cfParser, c *DistributedConfig) (err error) {
+		c.ReadInterval, err = p.durationArg()
 		return err
 	}},
-	{name: "write_interval", usage: "write_interval <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
-		c.WriteInterval, err = p.durationText()
+	{name: "write_interval", usage: "write_interval <duration>", field: "write_interval", parse: func(p cfParser, c *DistributedConfig) (err error) {
+		c.WriteInterval, err = p.durationArg()
 		return err
 	}},
-	{name: "purge_age", usage: "purge_age <duration>", parse: func(p cfParser, c *distributedConfig) (err error) {
-		c.PurgeAge, err = p.durationText()
+	{name: "purge_age", usage: "purge_age <duration>", field: "purge_age", parse: func(p cfParser, c *DistributedConfig) (err error) {
+		c.PurgeAge, err = p.durationArg()
 		return err
 	}},
 }
@@ -388,7 +402,7 @@ func parseJitter(p cfParser, h *Handler) error {
 	}
 	j, err := strconv.ParseFloat(s, 64)
 	if err != nil {
-		return p.dirErr("%q is not a number (want a fraction from 0 to %d, e.g. 0.2 for up to 20%% extra)", s, maxJitter)
+		return p.dirErr("%q is not a number (want a fraction, e.g. 0.2 for up to 20%% extra)", s)
 	}
 	h.Jitter = j
 	return nil
@@ -418,15 +432,11 @@ func parseDistributed(p cfParser, h *Handler) error {
 	if _, err := p.lineArgs(0, 0); err != nil {
 		return err
 	}
-	var c distributedConfig
-	if err := parseBlock(p.nested("distributed", []string{"distributed"}), distributedBlock, &c); err != nil {
+	c := new(DistributedConfig)
+	if err := parseBlock(p.nested("distributed", []string{"distributed"}), distributedBlock, c); err != nil {
 		return err
 	}
-	raw, err := json.Marshal(c)
-	if err != nil {
-		return p.dirErr("%v", err)
-	}
-	h.Distributed = raw
+	h.Distributed = c
 	return nil
 }
 
@@ -527,6 +537,9 @@ func parsePolicy(p cfParser, h *Handler) error {
 	path := []string{"rate_limits", name}
 	scope := p.dir + " " + name
 	p.record(path, scope)
+	if p.dir == "policy" {
+		p.rec.policyBlocks = append(p.rec.policyBlocks, name)
+	}
 	ps := &policyState{name: name, pc: new(PolicyConfig), limitRules: map[string]int{}}
 	if err := parseBlock(p.nested(scope, path), policyBlock, ps); err != nil {
 		return err

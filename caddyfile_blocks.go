@@ -253,16 +253,6 @@ func (p cfParser) durationArg() (caddy.Duration, error) {
 	return p.parseDuration(s)
 }
 
-// durationText reads one positive duration argument and returns it as written.
-func (p cfParser) durationText() (string, error) {
-	s, err := p.word()
-	if err != nil {
-		return "", err
-	}
-	_, err = p.parseDuration(s)
-	return s, err
-}
-
 // lease reads `lease <max_tokens> [<ttl>]`, recording both at the line.
 func (p cfParser) lease() (*LeaseConfig, error) {
 	path := sub(p.path, "lease")
@@ -288,6 +278,9 @@ func (p cfParser) lease() (*LeaseConfig, error) {
 // cfRecord maps JSON paths to where the Caddyfile set them.
 type cfRecord struct {
 	m map[string]cfField
+	// policyBlocks names the policies read from `policy` blocks (the others
+	// are `zone` blocks).
+	policyBlocks []string
 	// directive is the rate_limit token, for errors about fields the
 	// Caddyfile never set.
 	directive caddyfile.Token

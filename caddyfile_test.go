@@ -165,12 +165,31 @@ func baseHandler(mod func(h *Handler)) *Handler {
 	if mod != nil {
 		mod(h)
 	}
-	return h
+	return asPolicyBlocks(h, "p")
 }
 
-// policyOnly is the handler holding only policy p = pc.
+// policyOnly is the handler holding only policy p = pc, read from a
+// `policy` block.
 func policyOnly(pc *PolicyConfig) *Handler {
-	return &Handler{RateLimits: map[string]*PolicyConfig{"p": pc}}
+	return asPolicyBlocks(&Handler{RateLimits: map[string]*PolicyConfig{"p": pc}}, "p")
+}
+
+// asPolicyBlocks adds to the named policies of h what a `policy` block
+// writes that a `zone` block does not: sliding_window unless an algorithm
+// is set, the client IP as key unless a key or a handler tenant is set,
+// and all-or-nothing charging.
+func asPolicyBlocks(h *Handler, names ...string) *Handler {
+	for _, n := range names {
+		pc := h.RateLimits[n]
+		if pc.Algorithm == "" {
+			pc.Algorithm = "sliding_window"
+		}
+		if pc.Key == "" && h.Tenant == "" {
+			pc.Key = "{http.vars.client_ip}"
+		}
+		pc.AllOrNothing = true
+	}
+	return h
 }
 
 func dur(s string) caddy.Duration {
@@ -261,10 +280,14 @@ func TestCaddyfileHandlerDirectives(t *testing.T) {
 		{"max_memory", withPolicy("max_memory 64MiB"), baseHandler(func(h *Handler) { h.MaxMemory = 64 << 20 })},
 		{"sweep_interval", withPolicy("sweep_interval 30s"), baseHandler(func(h *Handler) { h.SweepInterval = dur("30s") })},
 		{"disable_metrics", withPolicy("disable_metrics"), baseHandler(func(h *Handler) { h.DisableMetrics = true })},
-		{"distributed bare", withPolicy("distributed"), baseHandler(func(h *Handler) { h.Distributed = json.RawMessage(`{}`) })},
-		{"distributed block", withPolicy("distributed {\n read_interval 2s\n write_interval 3s\n purge_age 1m\n}"), baseHandler(func(h *Handler) {
-			h.Distributed = json.RawMessage(`{"read_interval":"2s","write_interval":"3s","purge_age":"1m"}`)
-		})},
+		{"distributed bare", "rate_limit {\n distributed\n zone z {\n  events 5\n  window 1m\n }\n}", &Handler{
+			Distributed: &DistributedConfig{},
+			RateLimits:  map[string]*PolicyConfig{"z": {MaxEvents: 5, Window: dur("1m")}},
+		}},
+		{"distributed block", "rate_limit {\n distributed {\n  read_interval 2s\n  write_interval 3s\n  purge_age 1m\n }\n zone z {\n  events 5\n  window 1m\n }\n}", &Handler{
+			Distributed: &DistributedConfig{ReadInterval: dur("2s"), WriteInterval: dur("3s"), PurgeAge: dur("1m")},
+			RateLimits:  map[string]*PolicyConfig{"z": {MaxEvents: 5, Window: dur("1m")}},
+		}},
 		{"storage", withPolicy("storage file_system /var/lib/rl"), baseHandler(func(h *Handler) {
 			h.StorageRaw = json.RawMessage(`{"module":"file_system","root":"/var/lib/rl"}`)
 		})},
@@ -274,10 +297,10 @@ func TestCaddyfileHandlerDirectives(t *testing.T) {
 		{"zone alias", "rate_limit {\n zone z {\n  events 5\n  window 1m\n }\n}", &Handler{RateLimits: map[string]*PolicyConfig{
 			"z": {MaxEvents: 5, Window: dur("1m")},
 		}}},
-		{"two policies", "rate_limit {\n policy a {\n  limit 1\n  window 1s\n }\n zone b {\n  events 2\n  window 2s\n }\n}", &Handler{RateLimits: map[string]*PolicyConfig{
+		{"two policies", "rate_limit {\n policy a {\n  limit 1\n  window 1s\n }\n zone b {\n  events 2\n  window 2s\n }\n}", asPolicyBlocks(&Handler{RateLimits: map[string]*PolicyConfig{
 			"a": {MaxEvents: 1, Window: dur("1s")},
 			"b": {MaxEvents: 2, Window: dur("2s")},
-		}}},
+		}}, "a")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -397,8 +420,6 @@ func TestCaddyfileErrors(t *testing.T) {
 	}{
 		// handler level
 		{"argument on directive line", "rate_limit foo {\n" + onePolicy + "}", 1, []string{`unexpected argument "foo"`, "matcher"}},
-		{"no policy", "rate_limit {\n\tlog_key\n}", 3, []string{"no policy defined"}},
-		{"no block", "rate_limit", 1, []string{"no policy defined"}},
 		{"unknown subdirective", withPolicy("bogus 1"), 2, []string{`unknown subdirective "bogus"`, "allowed:", "redis", "tenant_tier", "policy (alias zone)", "storage"}},
 		{"duplicate tenant", withPolicy("tenant a\ntenant b"), 3, []string{"tenant already specified at line 2"}},
 		{"tenant no arg", withPolicy("tenant"), 2, []string{"tenant: wrong number of arguments (0)", "usage: tenant <placeholder-template>"}},
@@ -417,9 +438,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"shadow with arg", withPolicy("shadow yes"), 2, []string{"shadow: wrong number of arguments (1)"}},
 		{"fail bad", withPolicy("fail maybe"), 2, []string{`fail: "maybe": unknown value (allowed: open, closed, local)`}},
 		{"headers bad", withPolicy("headers draft"), 2, []string{`headers: "draft": unknown value (allowed: both, ietf, legacy, off)`}},
-		{"jitter negative", withPolicy("jitter -0.1"), 2, []string{"jitter: -0.1: want a fraction from 0 to 100"}},
-		{"jitter NaN", withPolicy("jitter NaN"), 2, []string{"jitter: NaN"}},
-		{"jitter huge", withPolicy("jitter 1e9"), 2, []string{"jitter: 1e+09"}},
+		{"jitter negative", withPolicy("jitter -0.1"), 2, []string{"jitter: -0.1: must not be negative"}},
 		{"jitter not number", withPolicy("jitter lots"), 2, []string{`jitter: "lots" is not a number`}},
 		{"jitter twice", withPolicy("jitter 0.1\njitter 0.2"), 3, []string{"jitter already specified at line 2"}},
 		{"denials_stream zero", withPolicy("denials_stream 0"), 2, []string{"denials_stream: 0 is out of range (want an integer from 1 to 2147483647)"}},
@@ -459,7 +478,6 @@ func TestCaddyfileErrors(t *testing.T) {
 
 		// policy
 		{"policy no name", "rate_limit {\n policy {\n  limit 1\n }\n}", 2, []string{"policy: wrong number of arguments (0)", "usage: policy <name>"}},
-		{"policy bad name", "rate_limit {\n policy a:b {\n  limit 1\n  window 1s\n }\n}", 2, []string{`policy a:b: invalid policy name "a:b"`, "letters, digits"}},
 		{"duplicate policy", "rate_limit {\n policy a {\n  limit 1\n  window 1s\n }\n zone a {\n  events 1\n  window 1s\n }\n}", 6, []string{`zone: duplicate policy name "a"`}},
 		{"policy unknown subdirective", policy("limit 1\nwindow 1s\nrate 5"), 5, []string{`policy p: unknown subdirective "rate"`, "allowed: match, key, algorithm, limit (alias events), window, calendar, burst, cost, min_interval, tier, tenant_limit, override, lease, shadow, near_limit, fail, ipv4_prefix, ipv6_prefix"}},
 		{"missing limit", policy("window 1s"), 2, []string{"policy p: limit: must be set to an integer from 1 to 9007199254740991"}},

@@ -150,7 +150,7 @@ func (c *calendarHeaderCache) get(p *policyRuntime, now time.Time) string {
 	}
 	r := p.policy.Limit.Rate
 	start, end := r.Calendar.Period(t)
-	h := &calendarHeader{start: start, end: end, header: policyHeaderWindow(p.policy.Name, r.Limit, time.Duration(end-start))}
+	h := &calendarHeader{start: start, end: end, header: policyHeaderWindow(p.header, r.Limit, time.Duration(end-start))}
 	c.v.Store(h)
 	return h.header
 }

@@ -63,7 +63,7 @@ func TestCalendarConfig(t *testing.T) {
 			"rate_limits.p.window: excludes calendar: count per window or per calendar period, not both (remove one)"},
 		{"tier with window and calendar", `{"rate_limits":{"p":{"max_events":1,"calendar":{"period":"day"},"tiers":{"pro":{"max_events":2,"window":"1h","calendar":{"period":"month"}}}}}}`,
 			"rate_limits.p.tiers.pro.window: excludes calendar"},
-		{"tier calendar on sliding_window", `{"rate_limits":{"p":{"max_events":1,"window":"1s","tiers":{"pro":{"max_events":2,"calendar":{"period":"month"}}}}}}`,
+		{"tier calendar on sliding_window", `{"rate_limits":{"p":{"algorithm":"sliding_window","max_events":1,"window":"1s","tiers":{"pro":{"max_events":2,"calendar":{"period":"month"}}}}}}`,
 			"rate_limits.p.tiers.pro.calendar: applies only to fixed_window, not sliding_window"},
 		{"tenant limit zone", `{"rate_limits":{"p":{"max_events":1,"calendar":{"period":"day"},"tenant_limits":{"acme":{"max_events":2,"calendar":{"period":"day","zone":"Local"}}}}}}`,
 			`rate_limits.p.tenant_limits.acme.calendar.zone: "Local": name an IANA time zone`},
@@ -86,7 +86,7 @@ func TestCalendarConfig(t *testing.T) {
 // TestPolicyHeaderCalendar: w= is the length of the current period.
 func TestPolicyHeaderCalendar(t *testing.T) {
 	ny := mustCalendar(t, "day", "America/New_York")
-	p := &policyRuntime{policy: &limiter.Policy{Name: "daily", Algorithm: limiter.FixedWindow, Limit: limiter.Limit{Rate: limiter.CalendarRate(100, ny)}}}
+	p := &policyRuntime{header: "daily", policy: &limiter.Policy{Name: "daily", Algorithm: limiter.FixedWindow, Limit: limiter.Limit{Rate: limiter.CalendarRate(100, ny)}}}
 	loc := ny.Location()
 	for _, tt := range []struct {
 		at   time.Time

@@ -14,22 +14,41 @@ import (
 	"github.com/tollgate/caddy-tollgate/fleet"
 )
 
-// PolicyConfig is one named rate limit (a caddy-ratelimit "zone").
+// PolicyConfig is one named rate limit (a caddy-ratelimit "zone"). Its
+// name, the key of rate_limits, may be any string.
+//
+// Fields left out mean what they mean in caddy-ratelimit, so its JSON
+// configs run unchanged: an exact sliding log, one bucket shared by every
+// request (without a handler `tenant`), charged as caddy-ratelimit charges
+// a zone. The Caddyfile's `policy` blocks write Tollgate's defaults
+// instead: "algorithm": "sliding_window", "key": "{http.vars.client_ip}"
+// (when the handler has no tenant) and "all_or_nothing": true.
 type PolicyConfig struct {
 	// Which requests the policy covers. Absent means every request.
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 
 	// The partition of the tenant's budget a request counts against, as a
 	// placeholder template, e.g. `{http.request.method}{http.request.uri.path}`.
-	// When the handler sets `tenant`, it defaults to empty (one bucket per
-	// tenant and policy). Without `tenant`, the key is the tenant and
-	// defaults to the client IP (`{http.vars.client_ip}`; `{client_ip}` in
-	// a Caddyfile).
+	// When the handler sets `tenant`, empty means one bucket per tenant and
+	// policy. Without `tenant`, the key is the tenant, and empty means one
+	// bucket shared by every request, as in caddy-ratelimit; per client IP
+	// is `{http.vars.client_ip}` (`{client_ip}` in a Caddyfile). A key that
+	// resolves empty counts in that same shared (anonymous) bucket, which
+	// no other value shares.
 	Key string `json:"key,omitempty"`
 
-	// How the bucket counts: token_bucket, gcra, sliding_window (default),
-	// fixed_window, sliding_log or concurrency.
+	// How the bucket counts: token_bucket, gcra, sliding_window,
+	// fixed_window, sliding_log (default: caddy-ratelimit's exact trailing
+	// window) or concurrency.
 	Algorithm string `json:"algorithm,omitempty"`
+
+	// Charge this policy only when the whole request is admitted: a request
+	// any policy denies charges none. Without it the policy is charged as
+	// caddy-ratelimit charges a zone: policies are taken from the most to
+	// the least restrictive (limit per window), and a request is charged to
+	// each one that admits it until one denies it, so a zone checked before
+	// the one that denies is charged although the request got a 429.
+	AllOrNothing bool `json:"all_or_nothing,omitempty"`
 
 	// Units admitted per window (concurrency: requests in flight).
 	// The Caddyfile spells it `limit` or `events`.

@@ -372,11 +372,12 @@ func BenchmarkRecordDenial(b *testing.B) {
 	s := backend.Denials()
 	s.Acquire(1000)
 	defer s.Release(1000)
-	h := &Handler{denials: s}
-	it := &limiter.Item{Tenant: "acme", Policy: &limiter.Policy{Name: "api"}}
+	h := &Handler{denials: s, Tenant: "{http.request.header.X-Tenant}"}
+	p := &policyRuntime{name: "api", policy: &limiter.Policy{Name: "api"}}
+	it := &limiter.Item{Tenant: "acme", Policy: p.policy}
 	v := &limiter.Verdict{}
 	b.ReportAllocs()
 	for b.Loop() {
-		h.recordDenial(it, v, 3)
+		h.recordDenial(p, it, v, 3)
 	}
 }

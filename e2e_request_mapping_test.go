@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// TestE2ENetworkPrefix: without `tenant`, the client IP is the tenant and
-// ipv4_prefix/ipv6_prefix group addresses by network (caddy-ratelimit's
+// TestE2ENetworkPrefix: a zone keyed on the client IP, with
+// ipv4_prefix/ipv6_prefix, groups addresses by network (caddy-ratelimit's
 // meaning). Client IPs come from X-Forwarded-For via trusted_proxies.
 func TestE2ENetworkPrefix(t *testing.T) {
 	s := startCaddy(t, `	log {
@@ -21,6 +21,7 @@ func TestE2ENetworkPrefix(t *testing.T) {
 	}`, `
 	rate_limit {
 		zone per_network {
+			key {client_ip}
 			events 2
 			window 1h
 			ipv4_prefix 24

@@ -171,6 +171,7 @@ func allCollectors() []prometheus.Collector {
 		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
 		collectors.tenantRequests, collectors.denialsDropped,
 		collectors.nearLimit, collectors.tenantNear,
+		compatCollectors.declined, compatCollectors.processTime, compatCollectors.keys, compatCollectors.config,
 	}
 }
 
@@ -255,9 +256,8 @@ type policyMetrics struct {
 	near     prometheus.Counter
 }
 
-func (pm *policyMetrics) init(index int, p *limiter.Policy, redis bool) {
+func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis bool) {
 	pm.index = index
-	name := p.Name
 	pm.near = collectors.nearLimit.WithLabelValues(name)
 	for _, d := range []decisionLabel{decisionAllowed, decisionDenied, decisionShadowDenied} {
 		pm.requests[d] = collectors.requests.WithLabelValues(name, decisionNames[d])
@@ -341,8 +341,9 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	m := &handlerMetrics{redis: h.Redis != nil}
 	names := make([]string, len(h.policies))
 	for i, p := range h.policies {
-		p.metrics.init(i, p.policy, m.redis)
-		names[i] = p.policy.Name
+		p.metrics.init(i, p.label, p.policy, m.redis)
+		p.initCompat(h.RateLimits[p.name])
+		names[i] = p.label
 	}
 	if h.MetricsTenants > 0 {
 		tt, key, err := loadTenantTracker(h.MetricsTenants, names)
@@ -380,6 +381,7 @@ func (h *Handler) recordDecision(st *requestState, start time.Time) {
 		return
 	}
 	secs := time.Since(start).Seconds()
+	recordCompat(st, secs)
 	d := &st.decision
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
@@ -388,7 +390,7 @@ func (h *Handler) recordDecision(st *requestState, start time.Time) {
 		}
 		p := st.policies[i]
 		dec, src := classify(v, m.redis)
-		p.metrics.record(p.policy.Name, dec, src, secs)
+		p.metrics.record(p.label, dec, src, secs)
 		near := i < len(st.near) && st.near[i]
 		if near {
 			p.metrics.near.Inc()

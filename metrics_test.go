@@ -37,6 +37,11 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_denials_dropped_total":     {"counter", []string{"reason"}},
 		"caddy_rate_limit_near_limit_total":          {"counter", []string{"policy"}},
 		"caddy_rate_limit_tenant_near_limit_total":   {"counter", []string{"policy", "tenant"}},
+		// caddy-ratelimit's families, without its unbounded key label.
+		"caddy_rate_limit_declined_requests_total": {"counter", []string{"zone"}},
+		"caddy_rate_limit_process_time_seconds":    {"histogram", []string{"zone"}},
+		"caddy_rate_limit_keys_total":              {"gauge", []string{"zone"}},
+		"caddy_rate_limit_config":                  {"counter", []string{"zone", "max_events", "window", "ipv4_prefix", "ipv6_prefix"}},
 	}
 	if !reflect.DeepEqual(metricCatalog, want) {
 		t.Errorf("metric catalog:\n got %v\nwant %v", metricCatalog, want)

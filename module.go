@@ -60,7 +60,8 @@ type Handler struct {
 	TenantTiers map[string]string `json:"tenant_tiers,omitempty"`
 
 	// When tenant resolves to an empty string: "shared" (default) counts
-	// the request in one "_anonymous" bucket, "deny" answers 429.
+	// the request in one bucket per policy, the anonymous tenant's (no
+	// tenant value can share it), "deny" answers 429.
 	MissingTenant string `json:"missing_tenant,omitempty"`
 
 	// Default lease for every policy. Applies to the Redis store only.
@@ -115,13 +116,13 @@ type Handler struct {
 	// Do not record this handler's metrics.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
-	// Accepted for caddy-ratelimit compatibility and ignored with a
-	// warning: `redis` supersedes it.
-	Distributed json.RawMessage `json:"distributed,omitempty"`
+	// caddy-ratelimit's approximate distributed mode: share zone usage
+	// with the other instances through storage (see DistributedConfig).
+	// Ignored with a warning when `redis` is set: Redis is exact.
+	Distributed *DistributedConfig `json:"distributed,omitempty"`
 
-	// Accepted for caddy-ratelimit compatibility and ignored with a
-	// warning: `redis` supersedes it.
-	StorageRaw json.RawMessage `json:"storage,omitempty"`
+	// The storage module distributed uses. Default: Caddy's storage.
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
 
 	ctx    caddy.Context
 	logger *zap.Logger
@@ -143,13 +144,18 @@ type Handler struct {
 	// lastStoreWarning (unix nanos) throttles store failure logs.
 	lastStoreWarning *atomic.Int64
 	policies         []*policyRuntime
-	headerMode       headerMode
+	// zones: some policy is charged as a caddy-ratelimit zone (no
+	// all_or_nothing), see chargeZones.
+	zones      bool
+	headerMode headerMode
 	// tenant and tier are the Tenant and Tier templates, compiled.
 	tenant, tier template
 	// metrics is nil when metrics are disabled.
 	metrics *handlerMetrics
 	// overrides holds the runtime overrides (admin API) of the store.
 	overrides *fleet.OverrideTable
+	// peers is the handler's hold on its distributed exchange, or nil.
+	peers *peerAttachment
 }
 
 // CaddyModule returns the Caddy module information.
@@ -175,11 +181,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.lastStoreWarning = new(atomic.Int64)
 
-	if len(h.Distributed) > 0 {
-		h.logger.Warn("caddy-ratelimit's 'distributed' option is ignored: Tollgate is exact across instances with a 'redis' block")
-	}
-	if len(h.StorageRaw) > 0 {
-		h.logger.Warn("caddy-ratelimit's 'storage' option is ignored: use a 'redis' block to share limits across instances")
+	switch {
+	case h.Distributed != nil && h.Redis != nil:
+		h.logger.Warn("'distributed' is ignored with a 'redis' block: Redis shares limits exactly")
+	case h.Distributed == nil && len(h.StorageRaw) > 0:
+		h.logger.Warn("'storage' is used only by 'distributed': it is ignored")
 	}
 	policies, err := h.validateConfig()
 	if err != nil {
@@ -222,6 +228,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		h.overrides = memoryOverrides
+		if h.Distributed != nil {
+			if err := h.provisionDistributed(ctx); err != nil {
+				return err
+			}
+		}
 	}
 	registerHandler(h)
 	return nil
@@ -267,17 +278,17 @@ func (h *Handler) provisionRedis() error {
 // map a request onto them: matchers, key template, cost.
 func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Policy) error {
 	h.policies = make([]*policyRuntime, 0, len(policies))
-	for _, policy := range policies {
-		name := policy.Name
+	names := sortedKeys(h.RateLimits) // the order of policies
+	for i, policy := range policies {
+		name := names[i]
 		pc := h.RateLimits[name]
 		rt := &policyRuntime{
-			policy:     policy,
-			key:        compileTemplate(pc.Key),
-			ipv4Prefix: pc.IPv4Prefix,
-			ipv6Prefix: pc.IPv6Prefix,
-		}
-		if h.Tenant == "" && pc.Key == "" {
-			rt.key = compileTemplate(defaultKey)
+			policy:       policy,
+			name:         name,
+			key:          compileTemplate(pc.Key),
+			ipv4Prefix:   pc.IPv4Prefix,
+			ipv6Prefix:   pc.IPv6Prefix,
+			allOrNothing: pc.AllOrNothing,
 		}
 		rt.near = h.nearFraction(pc)
 		if n, ok := pc.Cost.constant(); ok {
@@ -295,6 +306,7 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 			}
 		}
 		rt.precomputeHeaders()
+		h.zones = h.zones || !rt.allOrNothing
 		h.policies = append(h.policies, rt)
 	}
 	return nil
@@ -309,6 +321,7 @@ func (h *Handler) Cleanup() error {
 		h.denials.Release(h.DenialsStream)
 		h.denials = nil
 	}
+	errs = append(errs, h.cleanupDistributed())
 	if h.storeKey != "" {
 		_, err := embeddedStores.Delete(h.storeKey)
 		errs = append(errs, err)
@@ -342,14 +355,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	st := getRequestState()
 	defer putRequestState(st)
 
+	// An empty tenant (missing_tenant shared) or key is the anonymous
+	// bucket: the empty value itself, which no request value that is not
+	// empty can equal, in the engine or in a store key.
 	var tenant string
 	if h.Tenant != "" {
 		tenant = h.tenant.expand(repl, r)
-		if tenant == "" {
-			if h.MissingTenant == missingTenantDeny {
-				return h.denyMissingTenant(w, repl)
-			}
-			tenant = anonymousTenant
+		if tenant == "" && h.MissingTenant == missingTenantDeny {
+			return h.denyMissingTenant(w, repl)
 		}
 	}
 	tierTemplate := ""
@@ -365,8 +378,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		item := limiter.Item{Policy: p.policy, Tenant: tenant, Cost: p.requestCost(repl, r)}
 		if h.Tenant != "" {
 			item.Part = p.resolveKey(repl, r)
-		} else if item.Tenant = p.resolveKey(repl, r); item.Tenant == "" {
-			item.Tenant = anonymousTenant
+		} else {
+			item.Tenant = p.resolveKey(repl, r)
 		}
 		if tier, ok := h.TenantTiers[item.Tenant]; ok {
 			item.Tier = tier
@@ -402,7 +415,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.recordDecision(st, start)
 	shown := h.report(w, r, repl, st)
 	if !d.Admitted {
-		return h.deny(w, repl, st, shown)
+		if h.zones {
+			h.chargeZones(r.Context(), st)
+		}
+		return h.deny(w, r, repl, st, shown)
 	}
 	if d.HoldsSlots() {
 		// Deferred after putRequestState, so it runs first: the slots go

@@ -15,19 +15,20 @@ import (
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-// anonymousTenant is the tenant of requests whose identity resolves to an
-// empty string, under `missing_tenant shared`.
-const anonymousTenant = "_anonymous"
-
-// defaultKey is a policy's key when the handler sets no tenant: limit per
-// client IP, as caddy-ratelimit users expect. It is the runtime name of the
-// Caddyfile shorthand {client_ip}, which only the Caddyfile adapter expands.
+// defaultKey is the key the Caddyfile writes for a `policy` block that
+// sets none when the handler sets no tenant: one bucket per client IP. It
+// is the runtime name of the Caddyfile shorthand {client_ip}, which only
+// the Caddyfile adapter expands. (A JSON policy without key, like a
+// caddy-ratelimit zone, is one bucket shared by every request.)
 const defaultKey = "{http.vars.client_ip}"
 
 // policyRuntime is a provisioned policy: the engine's Policy plus what the
 // Caddy layer needs to map a request onto it.
 type policyRuntime struct {
-	policy   *limiter.Policy
+	policy *limiter.Policy
+	// name is the policy's name as configured (a caddy-ratelimit zone name
+	// may be any string); policy.Name is the engine's (internalName).
+	name     string
 	matchers caddyhttp.MatcherSets
 	// key is the placeholder template of the partition key, or of the
 	// tenant when the handler sets no tenant template.
@@ -37,19 +38,26 @@ type policyRuntime struct {
 	costTemplate template
 	ipv4Prefix   int
 	ipv6Prefix   int
+	// allOrNothing: charged only when the whole request is admitted (else
+	// as a caddy-ratelimit zone; see chargeZones).
+	allOrNothing bool
+	// label and header are name as a metric label and inside a header.
+	label, header string
 	// Header values of the policy's own limit, rendered once.
 	ownPolicyHeader string
 	ownLimitHeader  string
 	// nameValue and limitValue are the policy's name and own limit boxed
 	// once, for the replacer: boxing them per request would allocate.
 	nameValue, limitValue any
-	// metrics holds the policy's metric children, resolved at Provision.
+	// metrics holds the policy's metric children, resolved at Provision;
+	// compat those of caddy-ratelimit's families.
 	metrics policyMetrics
 	// calendarHeader caches the RateLimit-Policy value of a calendar
 	// policy's own limit for the current period.
 	calendarHeader calendarHeaderCache
 	// near is the near_limit fraction of the policy.
-	near float64
+	near   float64
+	compat compatMetrics
 }
 
 // requestState is the per-request scratch space, pooled so a decision

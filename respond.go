@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -53,14 +54,16 @@ const (
 // precomputeHeaders renders the header values of the policy's own limit
 // once; tiers and overrides are rendered per request.
 func (p *policyRuntime) precomputeHeaders() {
-	p.ownPolicyHeader = policyHeader(p.policy.Name, p.policy.Algorithm, p.policy.Limit.Rate)
+	p.label, p.header = metricLabel(p.name), headerName(p.name)
+	p.ownPolicyHeader = policyHeader(p.header, p.policy.Algorithm, p.policy.Limit.Rate)
 	p.ownLimitHeader = strconv.FormatInt(p.policy.Limit.Limit, 10)
-	p.nameValue = p.policy.Name
+	p.nameValue = p.name
 	p.limitValue = p.policy.Limit.Limit
 }
 
-// policyHeader renders an IETF RateLimit-Policy item: "name";q=limit;w=secs.
-// A calendar limit's w= is the length of its current period.
+// policyHeader renders an IETF RateLimit-Policy item: "name";q=limit;w=secs
+// (name as headerName made it). A calendar limit's w= is the length of its
+// current period.
 func policyHeader(name string, algo limiter.Algorithm, rate limiter.Rate) string {
 	if rate.Calendar != nil {
 		return policyHeaderWindow(name, rate.Limit, periodLength(rate, time.Now()))
@@ -125,8 +128,8 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	}
 	for i := range d.Verdicts {
 		if d.Verdicts[i].ShadowDenied() {
-			st.shadow = append(st.shadow, st.items[i].Policy.Name)
-			h.logShadowDenial(&st.items[i], &d.Verdicts[i])
+			st.shadow = append(st.shadow, st.policies[i].name)
+			h.logShadowDenial(st.policies[i], &st.items[i], &d.Verdicts[i])
 		}
 	}
 	if len(st.shadow) > 0 {
@@ -190,7 +193,7 @@ func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Ver
 	// "name";r=R;t=T, then R and T alone.
 	var buf [160]byte
 	b := append(buf[:0], '"')
-	b = append(b, p.policy.Name...)
+	b = append(b, p.header...)
 	b = append(b, `";r=`...)
 	b = strconv.AppendInt(b, v.Result.Remaining, 10)
 	b = append(b, ";t="...)
@@ -211,7 +214,7 @@ func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Ver
 	if ietf {
 		pol := p.ownPolicyHeader
 		if v.Source != limiter.SourcePolicy {
-			pol = policyHeader(p.policy.Name, p.policy.Algorithm, v.Limit.Rate)
+			pol = policyHeader(p.header, p.policy.Algorithm, v.Limit.Rate)
 		} else if p.policy.Limit.Calendar != nil {
 			pol = p.calendarHeader.get(p, time.Now())
 		}
@@ -229,51 +232,109 @@ func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Ver
 	}
 }
 
-// retryAfterSeconds is the Retry-After value for a wait: whole seconds,
-// rounded up, at least 1, plus up to jitter x wait at random.
-func (h *Handler) retryAfterSeconds(wait time.Duration) int64 {
-	if h.Jitter > 0 && wait > 0 {
-		wait += time.Duration(rand.Float64() * h.Jitter * float64(wait))
+// maxRetryWait bounds the wait a jitter can make: however large jitter
+// is, Retry-After stays a sane number of seconds.
+const maxRetryWait = 10 * 366 * 24 * time.Hour
+
+// jittered is the wait a denial announces: wait plus up to jitter x wait
+// at random (caddy-ratelimit's jitter), at most maxRetryWait.
+func (h *Handler) jittered(wait time.Duration) time.Duration {
+	j := h.Jitter
+	if !(j > 0) || wait <= 0 { // NaN: no jitter
+		return wait
 	}
+	f := float64(wait) * (1 + rand.Float64()*j)
+	if !(f < float64(maxRetryWait)) {
+		return maxRetryWait
+	}
+	return time.Duration(f)
+}
+
+// retryAfterSeconds is the Retry-After value for a wait: whole seconds,
+// rounded up, at least 1.
+func retryAfterSeconds(wait time.Duration) int64 {
 	return max(ceilSeconds(wait), 1)
 }
 
-// deny answers 429 as a handler error, so handle_errors can render it.
-func (h *Handler) deny(w http.ResponseWriter, repl *caddy.Replacer, st *requestState, shown int) error {
-	it, v := &st.items[shown], &st.decision.Verdicts[shown]
-	secs := h.retryAfterSeconds(v.Result.RetryAfter)
+// remoteIP is the address of the connection's peer, as caddy-ratelimit
+// logs it: the host of RemoteAddr (not the client IP behind a proxy).
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// deny answers 429 as a handler error, so handle_errors can render it. It
+// sets {http.rate_limit.exceeded.name} to the denying policy, logs
+// caddy-ratelimit's INFO line "rate limit exceeded" (zone, wait,
+// remote_ip, and key with log_key) with Tollgate's fields, and emits the
+// rate_limit_exceeded event with the same data.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, st *requestState, shown int) error {
+	p, it, v := st.policies[shown], &st.items[shown], &st.decision.Verdicts[shown]
+	wait := h.jittered(v.Result.RetryAfter)
+	secs := retryAfterSeconds(wait)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	repl.Set("http.rate_limit.retry_after", secs)
+	repl.Set("http.rate_limit.exceeded.name", p.nameValue)
 
-	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit exceeded"); ce != nil {
-		ce.Write(h.decisionFields(it, v, secs)...)
+	ip := remoteIP(r)
+	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit exceeded"); ce != nil {
+		fields := make([]zap.Field, 0, 10)
+		fields = append(fields, zap.String("zone", p.name), zap.Duration("wait", wait), zap.String("remote_ip", ip))
+		ce.Write(h.decisionFields(fields, p, it, v, secs)...)
 	}
 	if h.denials != nil {
-		h.recordDenial(it, v, secs)
+		h.recordDenial(p, it, v, secs)
 	}
 	if h.events != nil {
-		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
-			"tenant":      loggable(it.Tenant),
-			"policy":      it.Policy.Name,
+		data := map[string]any{
+			"zone":        p.name,
+			"wait":        wait,
+			"remote_ip":   ip,
+			"policy":      p.name,
 			"limit":       v.Limit.Limit,
 			"retry_after": secs,
-		})
+		}
+		if h.Tenant != "" {
+			data["tenant"] = loggable(it.Tenant)
+		}
+		if h.LogKey {
+			data["key"] = loggable(h.bucketKey(it))
+		}
+		h.events.Emit(h.ctx, "rate_limit_exceeded", data)
 	}
-	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded: policy %s", it.Policy.Name))
+	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded: policy %s", p.name))
+}
+
+// bucketKey is the key a request was counted under, what log_key logs: the
+// policy's key (the tenant itself when the handler has no tenant).
+func (h *Handler) bucketKey(it *limiter.Item) string {
+	if h.Tenant == "" {
+		return it.Tenant
+	}
+	return it.Part
 }
 
 // recordDenial queues the stream entry of an enforced denial. Called on
-// the 429 path: a struct copy into a channel, no I/O.
-func (h *Handler) recordDenial(it *limiter.Item, v *limiter.Verdict, retryAfter int64) {
+// the 429 path: a struct copy into a channel, no I/O. The key-as-tenant of
+// a handler without tenant is written only with log_key, like in logs.
+func (h *Handler) recordDenial(p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) {
 	e := fleet.Denial{
 		TS:         time.Now().UnixMilli(),
-		Tenant:     loggable(it.Tenant),
-		Policy:     it.Policy.Name,
+		Policy:     p.name,
 		Limit:      v.Limit.Limit,
 		RetryAfter: retryAfter,
 	}
-	if h.LogKey {
-		e.Key = loggable(it.Part)
+	switch {
+	case h.Tenant != "":
+		e.Tenant = loggable(it.Tenant)
+		if h.LogKey {
+			e.Key = loggable(it.Part)
+		}
+	case h.LogKey:
+		e.Tenant = loggable(it.Tenant)
 	}
 	h.denials.Add(e)
 }
@@ -295,6 +356,7 @@ var (
 // handle_errors template renders as it does for any other 429.
 func (h *Handler) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer) error {
 	repl.Set("http.rate_limit.policy", emptyValue)
+	repl.Set("http.rate_limit.exceeded.name", emptyValue)
 	repl.Set("http.rate_limit.tenant", emptyValue)
 	repl.Set("http.rate_limit.limit", zeroValue)
 	repl.Set("http.rate_limit.remaining", zeroValue)
@@ -306,23 +368,30 @@ func (h *Handler) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer)
 }
 
 // logShadowDenial writes the INFO line of a shadow would-deny.
-func (h *Handler) logShadowDenial(it *limiter.Item, v *limiter.Verdict) {
+func (h *Handler) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
 	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit would deny"); ce != nil {
-		ce.Write(h.decisionFields(it, v, max(ceilSeconds(v.Result.RetryAfter), 1))...)
+		ce.Write(h.decisionFields(make([]zap.Field, 0, 7), p, it, v, retryAfterSeconds(v.Result.RetryAfter))...)
 	}
 }
 
-func (h *Handler) decisionFields(it *limiter.Item, v *limiter.Verdict, retryAfter int64) []zap.Field {
-	fields := []zap.Field{
-		zap.String("tenant", loggable(it.Tenant)),
-		zap.String("policy", it.Policy.Name),
+// decisionFields appends a verdict's log fields to fields. Privacy: keys
+// (which may be API keys or addresses) are logged only with log_key, as in
+// caddy-ratelimit; tenants are logged when the handler has a `tenant`
+// template, which names an identity the operator chose for the purpose
+// (without one, the tenant is the key and follows the key's rule).
+func (h *Handler) decisionFields(fields []zap.Field, p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) []zap.Field {
+	if h.Tenant != "" {
+		fields = append(fields, zap.String("tenant", loggable(it.Tenant)))
+	}
+	fields = append(fields,
+		zap.String("policy", p.name),
 		zap.Int64("limit", v.Limit.Limit),
 		zap.Int64("remaining", v.Result.Remaining),
 		zap.Int64("retry_after", retryAfter),
 		zap.String("limit_source", v.Source.String()),
-	}
-	if h.LogKey && it.Part != "" {
-		fields = append(fields, zap.String("key", loggable(it.Part)))
+	)
+	if h.LogKey {
+		fields = append(fields, zap.String("key", loggable(h.bucketKey(it))))
 	}
 	return fields
 }

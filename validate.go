@@ -31,12 +31,6 @@ var (
 	failModeValues      = []string{"open", "closed", "local"}
 )
 
-// maxJitter bounds jitter. caddy-ratelimit only requires jitter >= 0 and
-// its README calls it a percentage, so configs such as `jitter 20` exist
-// and must keep working; anything above 100 (10000% extra) is certainly a
-// mistake and would make Retry-After arithmetic overflow-prone.
-const maxJitter = 100
-
 // maxMetricsTenants bounds metrics_tenants: every tenant series is a
 // Prometheus series per policy and decision, and the top-k that finds them
 // keeps about 4n entries.
@@ -51,6 +45,12 @@ const (
 
 // nameRule describes limiter.ValidName for error messages.
 const nameRule = "use 1-64 letters, digits, '_', '-' or '.'"
+
+// defaultAlgorithm is the algorithm of a policy that names none: the exact
+// trailing window caddy-ratelimit counts its zones with, so its JSON means
+// what it meant there. The Caddyfile's `policy` blocks write their own
+// default, sliding_window, into the JSON.
+const defaultAlgorithm = limiter.SlidingLog
 
 // countRange describes the allowed counts from least to limiter.MaxCount.
 func countRange(least int64) string {
@@ -79,27 +79,33 @@ func sub(path []string, more ...string) []string {
 // validateConfig checks every field of h and returns its policies in name
 // order, built for the engine. Decisions where the contract is silent:
 //
-//   - At least one policy is required. caddy-ratelimit accepts a handler
-//     without zones, but such a handler does nothing at all.
+//   - A handler without policies is valid, as in caddy-ratelimit: it
+//     limits nothing (Provision warns).
+//   - Any string is a policy name, as any string is a caddy-ratelimit zone
+//     name; names that are not valid engine names get an internal name
+//     (internalName).
 //   - A lease set on a sliding_log or concurrency policy is an error (those
 //     algorithms cannot lease); the handler-level lease is only a default,
 //     and policies whose algorithm cannot lease do not inherit it.
-//   - jitter must be a finite number from 0 to maxJitter.
 //   - A calendar policy without algorithm is fixed_window (the only
 //     algorithm that counts per period); with another algorithm it is an
 //     error.
+//   - With distributed (and no redis) every policy must count with
+//     sliding_log: what instances exchange is a count of logged units.
+//   - jitter must not be negative (caddy-ratelimit's only rule); NaN means
+//     no jitter and Retry-After stays bounded whatever the value.
 func (h *Handler) validateConfig() ([]*limiter.Policy, error) {
 	if err := h.validateHandler(); err != nil {
 		return nil, err
-	}
-	if len(h.RateLimits) == 0 {
-		return nil, at([]string{"rate_limits"}, "no policy defined: add at least one policy")
 	}
 	policies := make([]*limiter.Policy, 0, len(h.RateLimits))
 	for _, name := range sortedKeys(h.RateLimits) {
 		p, err := h.validatePolicy(name, h.RateLimits[name])
 		if err != nil {
 			return nil, err
+		}
+		if h.Distributed != nil && h.Redis == nil && p.Algorithm != limiter.SlidingLog {
+			return nil, at([]string{"rate_limits", name, "algorithm"}, "%s: distributed shares sliding_log usage only, as caddy-ratelimit's zones count (use algorithm sliding_log, or a redis block to share any algorithm exactly)", p.Algorithm)
 		}
 		policies = append(policies, p)
 	}
@@ -120,8 +126,8 @@ func (h *Handler) validateHandler() error {
 			return err
 		}
 	}
-	if j := h.Jitter; math.IsNaN(j) || j < 0 || j > maxJitter {
-		return at([]string{"jitter"}, "%v: want a fraction from 0 to %d (0.2 adds up to 20%% to Retry-After)", j, maxJitter)
+	if j := h.Jitter; j < 0 {
+		return at([]string{"jitter"}, "%v: must not be negative (a fraction: 0.2 adds up to 20%% to Retry-After)", j)
 	}
 	switch {
 	case h.DenialsStream < 0:
@@ -137,6 +143,16 @@ func (h *Handler) validateHandler() error {
 	}
 	if err := checkNearLimit([]string{"near_limit"}, h.NearLimit); err != nil {
 		return err
+	}
+	if d := h.Distributed; d != nil {
+		for _, f := range []struct {
+			field string
+			v     caddy.Duration
+		}{{"read_interval", d.ReadInterval}, {"write_interval", d.WriteInterval}, {"purge_age", d.PurgeAge}} {
+			if f.v < 0 {
+				return at([]string{"distributed", f.field}, "%s: must not be negative (0 is the default)", time.Duration(f.v))
+			}
+		}
 	}
 	for _, tenant := range sortedKeys(h.TenantTiers) {
 		if tenant == "" || h.TenantTiers[tenant] == "" {
@@ -155,15 +171,15 @@ func (h *Handler) validateHandler() error {
 // validatePolicy checks the policy rate_limits.<name> and builds it.
 func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy, error) {
 	path := []string{"rate_limits", name}
-	if !limiter.ValidName(name) {
-		return nil, at(path, "invalid policy name %q: %s", name, nameRule)
-	}
 	if pc == nil {
 		return nil, at(path, "policy is null")
 	}
-	alg, err := limiter.ParseAlgorithm(pc.Algorithm)
-	if err != nil {
-		return nil, at(sub(path, "algorithm"), "%q: unknown (allowed: %s)", pc.Algorithm, limiter.AlgorithmNames)
+	alg := defaultAlgorithm
+	if pc.Algorithm != "" {
+		var err error
+		if alg, err = limiter.ParseAlgorithm(pc.Algorithm); err != nil {
+			return nil, at(sub(path, "algorithm"), "%q: unknown (allowed: %s)", pc.Algorithm, limiter.AlgorithmNames)
+		}
 	}
 	if pc.Algorithm == "" && pc.Calendar != nil {
 		alg = limiter.FixedWindow // a calendar quota counts per period
@@ -408,7 +424,7 @@ func (rc *RedisConfig) validate(path []string) error {
 func buildPolicy(name string, pc *PolicyConfig, alg limiter.Algorithm, tenantLimits map[string]*LimitConfig, h *Handler) *limiter.Policy {
 	shadow := pc.Shadow || h.Shadow
 	p := &limiter.Policy{
-		Name:      name,
+		Name:      internalName(name),
 		Algorithm: alg,
 		Limit: limiter.Limit{
 			Rate: limiter.Rate{

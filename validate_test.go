@@ -57,7 +57,12 @@ func TestValidateConfigAccepts(t *testing.T) {
 		{"handler lease is skipped by policies that cannot lease", `{"lease":{"max_tokens":10},"rate_limits":{"c":{"algorithm":"concurrency","max_events":1},"l":{"algorithm":"sliding_log","max_events":1,"window":"1s"}}}`},
 		{"cost zero", `{"rate_limits":{"api":{"max_events":10,"window":"1m","cost":0}}}`},
 		{"cost string number", `{"rate_limits":{"api":{"max_events":10,"window":"1m","cost":"4"}}}`},
-		{"jitter at bound", `{"jitter":100,"rate_limits":{"api":{"max_events":10,"window":"1m"}}}`},
+		{"jitter as caddy-ratelimit takes it (any value >= 0)", `{"jitter":1e9,"rate_limits":{"api":{"max_events":10,"window":"1m"}}}`},
+		// caddy-ratelimit starts a handler without zones, and takes any
+		// string as a zone name.
+		{"no policy", `{}`},
+		{"empty rate_limits", `{"rate_limits":{}}`},
+		{"zone names of any kind", `{"rate_limits":{"a b":{"max_events":1,"window":"1s"},"api:v1":{"max_events":1,"window":"1s"},"/x/{y}%":{"max_events":1,"window":"1s"},"":{"max_events":1,"window":"1s"},"` + strings.Repeat("n", 100) + `":{"max_events":1,"window":"1s"}}}`},
 		{"host-less redis address", `{"redis":{"addresses":[":6379"]},"rate_limits":{"api":{"max_events":10,"window":"1m"}}}`},
 		{"window at maximum", `{"rate_limits":{"api":{"max_events":10,"window":"8784h"}}}`},
 	}
@@ -78,15 +83,11 @@ func TestValidateConfigRejects(t *testing.T) {
 		config string
 		want   string
 	}{
-		{"no policy", `{}`, "rate_limits: no policy defined"},
-		{"empty rate_limits", `{"rate_limits":{}}`, "rate_limits: no policy defined"},
 		{"null policy", `{"rate_limits":{"api":null}}`, "rate_limits.api: policy is null"},
-		{"bad policy name", `{"rate_limits":{"a b":{"max_events":1,"window":"1s"}}}`, `rate_limits.a b: invalid policy name "a b": use 1-64 letters, digits, '_', '-' or '.'`},
 		{"missing_tenant", `{"missing_tenant":"allow",` + pol + `}`, `missing_tenant: "allow": unknown value (allowed: shared, deny)`},
 		{"headers", `{"headers":"draft",` + pol + `}`, `headers: "draft": unknown value (allowed: both, ietf, legacy, off)`},
 		{"fail_mode", `{"fail_mode":"soft",` + pol + `}`, `fail_mode: "soft": unknown value (allowed: open, closed, local)`},
-		{"jitter negative", `{"jitter":-1,` + pol + `}`, "jitter: -1: want a fraction from 0 to 100"},
-		{"jitter too big", `{"jitter":101,` + pol + `}`, "jitter: 101: want a fraction from 0 to 100"},
+		{"jitter negative", `{"jitter":-1,` + pol + `}`, "jitter: -1: must not be negative"},
 		{"denials_stream negative", `{"denials_stream":-1,` + pol + `}`, "denials_stream: -1: must not be negative"},
 		{"metrics_tenants negative", `{"metrics_tenants":-2,` + pol + `}`, "metrics_tenants: -2 is out of range (allowed: 0 to 10000"},
 		{"max_memory too large", `{"max_memory":2199023255552,` + pol + `}`, "max_memory: 2199023255552 bytes is out of range (allowed: 1048576 (1 MiB) to 1099511627776 (1 TiB)"},
@@ -112,15 +113,15 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"algorithm unknown", `{"rate_limits":{"api":{"algorithm":"foo","max_events":1,"window":"1s"}}}`, `rate_limits.api.algorithm: "foo": unknown (allowed: token_bucket, gcra, sliding_window, fixed_window, sliding_log, concurrency)`},
 		{"max_events missing", `{"rate_limits":{"api":{"window":"1s"}}}`, "rate_limits.api.max_events: must be set to an integer from 1 to 9007199254740991"},
 		{"max_events negative", `{"rate_limits":{"api":{"max_events":-4,"window":"1s"}}}`, "rate_limits.api.max_events: -4 is out of range (allowed: 1 to 9007199254740991)"},
-		{"window missing", `{"rate_limits":{"api":{"max_events":1}}}`, "rate_limits.api.window: required for algorithm sliding_window (only concurrency takes none)"},
+		{"window missing", `{"rate_limits":{"api":{"max_events":1}}}`, "rate_limits.api.window: required for algorithm sliding_log (only concurrency takes none)"},
 		{"window negative", `{"rate_limits":{"api":{"max_events":1,"window":"-1s"}}}`, "rate_limits.api.window: -1s is out of range (allowed: 1ms to 366d)"},
 		{"window too long", `{"rate_limits":{"api":{"max_events":1,"window":"10000h"}}}`, "rate_limits.api.window: 10000h0m0s is out of range (allowed: 1ms to 366d)"},
-		{"burst on sliding_window", `{"rate_limits":{"api":{"max_events":1,"window":"1s","burst":5}}}`, "rate_limits.api.burst: applies only to token_bucket and gcra, not sliding_window"},
+		{"burst on sliding_window", `{"rate_limits":{"api":{"algorithm":"sliding_window","max_events":1,"window":"1s","burst":5}}}`, "rate_limits.api.burst: applies only to token_bucket and gcra, not sliding_window"},
 		{"burst negative", `{"rate_limits":{"api":{"algorithm":"gcra","max_events":1,"window":"1s","burst":-5}}}`, "rate_limits.api.burst: -5 is out of range (allowed: 0 to 9007199254740991)"},
 		{"cost negative", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":-2}}}`, "rate_limits.api.cost: -2 is out of range (allowed: 0 to 9007199254740991)"},
 		{"cost word", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":"heavy"}}}`, `rate_limits.api.cost: "heavy": want an integer from 0 to 9007199254740991 or a placeholder`},
 		{"cost fraction", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":1.5}}}`, `rate_limits.api.cost: "1.5"`},
-		{"min_interval wrong algorithm", `{"rate_limits":{"api":{"max_events":1,"window":"1s","min_interval":"1s"}}}`, "rate_limits.api.min_interval: applies only to sliding_log, not sliding_window"},
+		{"min_interval wrong algorithm", `{"rate_limits":{"api":{"algorithm":"sliding_window","max_events":1,"window":"1s","min_interval":"1s"}}}`, "rate_limits.api.min_interval: applies only to sliding_log, not sliding_window"},
 		{"min_interval negative", `{"rate_limits":{"api":{"algorithm":"sliding_log","max_events":1,"window":"1s","min_interval":"-1s"}}}`, "rate_limits.api.min_interval: -1s is out of range (allowed: 0 to 366d)"},
 		{"tier null", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"gold":null}}}}`, "rate_limits.api.tiers.gold: is null"},
 		{"tier empty name", `{"rate_limits":{"api":{"max_events":1,"window":"1s","tiers":{"":{"max_events":1}}}}}`, "rate_limits.api.tiers.: the name must not be empty"},
@@ -172,7 +173,7 @@ func TestBuildPolicy(t *testing.T) {
 		{
 			name:    "defaults",
 			handler: `{"rate_limits":{"p":{"max_events":10,"window":"1m"}}}`,
-			want: &limiter.Policy{Name: "p", Algorithm: limiter.SlidingWindow,
+			want: &limiter.Policy{Name: "p", Algorithm: limiter.SlidingLog,
 				Limit: limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}}},
 		},
 		{
@@ -196,7 +197,7 @@ func TestBuildPolicy(t *testing.T) {
 		{
 			name:    "own shadow flags only",
 			handler: `{"rate_limits":{"p":{"max_events":10,"window":"1m","tiers":{"t":{"max_events":5,"shadow":true},"u":{"max_events":6}}}}}`,
-			want: &limiter.Policy{Name: "p",
+			want: &limiter.Policy{Name: "p", Algorithm: limiter.SlidingLog,
 				Limit: limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}},
 				Tiers: map[string]limiter.Limit{
 					"t": {Rate: limiter.Rate{Limit: 5, Window: time.Minute}, Shadow: true},
@@ -207,7 +208,7 @@ func TestBuildPolicy(t *testing.T) {
 		{
 			name:    "policy shadow reaches tiers and overrides",
 			handler: `{"rate_limits":{"p":{"shadow":true,"max_events":10,"window":"1m","tiers":{"t":{"max_events":5}},"overrides":{"o":{"unlimited":true}}}}}`,
-			want: &limiter.Policy{Name: "p",
+			want: &limiter.Policy{Name: "p", Algorithm: limiter.SlidingLog,
 				Limit:        limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}, Shadow: true},
 				Tiers:        map[string]limiter.Limit{"t": {Rate: limiter.Rate{Limit: 5, Window: time.Minute}, Shadow: true}},
 				TenantLimits: map[string]limiter.Limit{"o": {Unlimited: true, Shadow: true}},
@@ -216,7 +217,7 @@ func TestBuildPolicy(t *testing.T) {
 		{
 			name:    "handler shadow reaches everything",
 			handler: `{"shadow":true,"rate_limits":{"p":{"max_events":10,"window":"1m","overrides":{"o":{"max_events":3}}}}}`,
-			want: &limiter.Policy{Name: "p",
+			want: &limiter.Policy{Name: "p", Algorithm: limiter.SlidingLog,
 				Limit:        limiter.Limit{Rate: limiter.Rate{Limit: 10, Window: time.Minute}, Shadow: true},
 				TenantLimits: map[string]limiter.Limit{"o": {Rate: limiter.Rate{Limit: 3, Window: time.Minute}, Shadow: true}},
 			},
@@ -270,7 +271,7 @@ func policyNamed(t *testing.T, h *Handler, name string) *limiter.Policy {
 func TestPolicyLease(t *testing.T) {
 	var h Handler
 	if err := json.Unmarshal([]byte(`{"lease":{"max_tokens":10,"ttl":"2s"},"rate_limits":{
-		"inherits":{"max_events":5,"window":"1s"},
+		"inherits":{"algorithm":"sliding_window","max_events":5,"window":"1s"},
 		"own":{"algorithm":"gcra","max_events":5,"window":"1s","lease":{"max_tokens":3}},
 		"off":{"algorithm":"fixed_window","max_events":5,"window":"1s","lease":{"max_tokens":0}},
 		"log":{"algorithm":"sliding_log","max_events":5,"window":"1s"},

@@ -15,6 +15,13 @@ import (
 // but almost certainly not what the operator meant. None of it is an error:
 // the config runs as written.
 func (h *Handler) warnConfig() {
+	if len(h.RateLimits) == 0 {
+		h.logger.Warn("rate_limit defines no zone or policy: it limits nothing")
+	}
+	if h.Jitter > 1 {
+		h.logger.Warn("jitter is a fraction of the wait (0.2 adds up to 20%), not a percentage: this one can multiply Retry-After",
+			zap.Float64("jitter", h.Jitter))
+	}
 	for _, tenant := range sortedKeys(h.TenantTiers) {
 		tier := h.TenantTiers[tenant]
 		defined := false
@@ -43,8 +50,8 @@ func (h *Handler) warnConfig() {
 		}
 	}
 	for _, p := range h.policies {
-		if pc := h.RateLimits[p.policy.Name]; p.policy.Algorithm == limiter.Concurrency && pc.Window > 0 {
-			h.logger.Warn("window is ignored by the concurrency algorithm (it limits requests in flight)", zap.String("policy", p.policy.Name))
+		if pc := h.RateLimits[p.name]; p.policy.Algorithm == limiter.Concurrency && pc.Window > 0 {
+			h.logger.Warn("window is ignored by the concurrency algorithm (it limits requests in flight)", zap.String("policy", p.name))
 		}
 	}
 }

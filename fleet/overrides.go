@@ -359,7 +359,7 @@ func (r *OverrideSync) indexKey() string { return r.prefix + ":ovr-index" }
 func (r *OverrideSync) versionKey() string { return r.prefix + ":ovr-version" }
 
 // overrideTag is tenant as it appears in keys, and in the index.
-func overrideTag(tenant string) string { return string(limiter.AppendEscaped(nil, tenant)) }
+func overrideTag(tenant string) string { return string(limiter.AppendTenantTag(nil, tenant)) }
 
 // tagKey is the override hash of the tenant whose tag is tag.
 func (r *OverrideSync) tagKey(tag string) string { return r.prefix + ":ovr:{" + tag + "}" }

@@ -64,11 +64,26 @@ func escapedLen(v string) int {
 	return n
 }
 
+// anonymousTag is the hash tag of the empty tenant, the anonymous bucket.
+// An empty tag would make Redis Cluster hash each whole key, scattering
+// one request's keys over slots; AppendEscaped writes '%' only before two
+// hex digits or '#', so no tenant value produces this tag.
+const anonymousTag = "%"
+
+// AppendTenantTag appends the hash-tag text of tenant to dst: its escaped
+// form, or anonymousTag for the empty tenant.
+func AppendTenantTag(dst []byte, tenant string) []byte {
+	if tenant == "" {
+		return append(dst, anonymousTag...)
+	}
+	return AppendEscaped(dst, tenant)
+}
+
 // AppendKey appends a bucket key to dst:
 //
 //	<prefix>:<algo>:{<tenant>}:<policy>[:<part>]
 //
-// tenant and part are escaped with AppendEscaped; prefix and policy are
+// tenant is written by AppendTenantTag, part by AppendEscaped; prefix and policy are
 // configuration names validated to contain no separator or brace. The
 // {tenant} hash tag keeps every key of a tenant in one Redis Cluster slot.
 func AppendKey(dst []byte, prefix string, algo Algorithm, tenant, policy, part string) []byte {
@@ -76,7 +91,7 @@ func AppendKey(dst []byte, prefix string, algo Algorithm, tenant, policy, part s
 	dst = append(dst, ':')
 	dst = append(dst, algo.String()...)
 	dst = append(dst, ':', '{')
-	dst = AppendEscaped(dst, tenant)
+	dst = AppendTenantTag(dst, tenant)
 	dst = append(dst, '}', ':')
 	dst = append(dst, policy...)
 	if part != "" {

@@ -164,12 +164,18 @@ func TestAppendKey(t *testing.T) {
 		{SlidingWindow, "acme", "api", "GET /v1", "rl:sliding_window:{acme}:api:GET /v1"},
 		{GCRA, "a:b", "api", "x:y", "rl:gcra:{a%3Ab}:api:x%3Ay"},
 		{FixedWindow, "}{", "p", "", "rl:fixed_window:{%7D%7B}:p"},
-		{SlidingLog, "", "p", "", "rl:sliding_log:{}:p"},
+		{SlidingLog, "", "p", "", "rl:sliding_log:{%}:p"},
+		{SlidingLog, "%", "p", "", "rl:sliding_log:{%25}:p"},
 		{Concurrency, "t", "p", "{x}", "rl:concurrency:{t}:p:%7Bx%7D"},
 	} {
 		if got := string(AppendKey(nil, "rl", tc.algo, tc.tenant, tc.policy, tc.part)); got != tc.want {
 			t.Errorf("AppendKey = %q, want %q", got, tc.want)
 		}
+	}
+	// The anonymous tenant's keys share one Cluster slot, as every
+	// tenant's do (an empty hash tag would hash each whole key).
+	if a, b := keySlot(AppendKey(nil, "rl", TokenBucket, "", "a", "")), keySlot(AppendKey(nil, "rl", GCRA, "", "b", "x")); a != b {
+		t.Errorf("anonymous keys in slots %d and %d", a, b)
 	}
 	// No (tenant, part) pair can produce the key of another pair.
 	seen := map[string][2]string{}
@@ -262,7 +268,7 @@ func FuzzAppendKey(f *testing.F) {
 		if end < 0 {
 			t.Fatalf("no '}' in %q", key)
 		}
-		if tag := key[open+1 : open+1+end]; !bytes.Equal(tag, AppendEscaped(nil, tenant)) {
+		if tag := key[open+1 : open+1+end]; !bytes.Equal(tag, AppendTenantTag(nil, tenant)) || len(tag) == 0 {
 			t.Fatalf("hash tag %q of %q, tenant %q", tag, key, tenant)
 		}
 		if bytes.Count(key, []byte("{")) != 1 || bytes.Count(key, []byte("}")) != 1 {
@@ -275,7 +281,7 @@ func FuzzAppendKey(f *testing.F) {
 		if n := len(bytes.Split(key, []byte(":"))); n != wantParts {
 			t.Fatalf("%q has %d ':'-separated fields, want %d", key, n, wantParts)
 		}
-		if !memKeyMatches(string(key), "rl", string(AppendEscaped(nil, tenant)), policy) {
+		if !memKeyMatches(string(key), "rl", string(AppendTenantTag(nil, tenant)), policy) {
 			t.Fatalf("Reset would not match %q", key)
 		}
 	})

@@ -380,7 +380,7 @@ func (m *MemoryStore) Release(_ context.Context, checks []Check) error {
 // hash-tag braces, which cannot contain a brace or a colon, so tenant "a"
 // never matches the buckets of tenant "a:b" or "a}".
 func (m *MemoryStore) Reset(_ context.Context, tenant, policy string) error {
-	tag := string(AppendEscaped(nil, tenant))
+	tag := string(AppendTenantTag(nil, tenant))
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()

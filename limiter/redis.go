@@ -689,7 +689,7 @@ const resetScanCount = 1000
 // never touches the buckets of "a:b", "a*" or "a}". Each round trip has the
 // store's Timeout; ctx bounds the whole scan.
 func (s *RedisStore) Reset(ctx context.Context, tenant, policy string) error {
-	tag := string(AppendEscaped(nil, tenant))
+	tag := string(AppendTenantTag(nil, tenant))
 	pattern := globEscape(s.prefix) + ":*:{" + globEscape(tag) + "}:" + globEscape(policy) + "*"
 	scan := func(ctx context.Context, c redis.UniversalClient) error {
 		var cursor uint64

@@ -1,0 +1,137 @@
+package tollgate
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// caddy-ratelimit's metric families, so its dashboards and alerts keep
+// working: declined_requests_total, process_time_seconds, keys_total and
+// config, by zone. Its `key` label is left out (a label per key is an
+// unbounded number of series; PromQL treats its zone-level series, whose
+// key is "", as ones without the label, which these are). Its
+// requests_total is not here: that name is Tollgate's own family (labels
+// policy and decision); docs/observability.md rebuilds caddy-ratelimit's
+// series from it with recording rules.
+
+// processTimeBuckets are caddy-ratelimit's process_time_seconds buckets.
+var processTimeBuckets = []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1}
+
+var compatCollectors = struct {
+	declined    *prometheus.CounterVec
+	processTime *prometheus.HistogramVec
+	keys        *keysCollector
+	config      *prometheus.CounterVec
+}{
+	declined: newCounterVec("declined_requests_total",
+		"Requests answered 429, by the zone (policy) that denied them (caddy-ratelimit's family, without its key label).",
+		"zone"),
+	processTime: func() *prometheus.HistogramVec {
+		catalog("process_time_seconds", "histogram", []string{"zone"})
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "process_time_seconds",
+			Help:    "Time taken to decide a request, by the zone (policy) the response describes (caddy-ratelimit's family, without its key label).",
+			Buckets: processTimeBuckets,
+		}, []string{"zone"})
+	}(),
+	keys: newKeysCollector(),
+	config: newCounterVec("config",
+		"Zone (policy) configurations, counted once per load (caddy-ratelimit's family).",
+		"zone", "max_events", "window", "ipv4_prefix", "ipv6_prefix"),
+}
+
+// compatMetrics are a policy's children of caddy-ratelimit's families.
+type compatMetrics struct {
+	declined    prometheus.Counter
+	processTime prometheus.Observer
+}
+
+// initCompat resolves the policy's children and counts its configuration,
+// as caddy-ratelimit does at every provisioning.
+func (p *policyRuntime) initCompat(pc *PolicyConfig) {
+	p.compat.declined = compatCollectors.declined.WithLabelValues(p.label)
+	p.compat.processTime = compatCollectors.processTime.WithLabelValues(p.label)
+	compatCollectors.config.WithLabelValues(p.label,
+		strconv.FormatInt(pc.MaxEvents, 10),
+		time.Duration(pc.Window).String(),
+		strconv.Itoa(pc.IPv4Prefix),
+		strconv.Itoa(pc.IPv6Prefix)).Inc()
+}
+
+// recordCompat records a decision in caddy-ratelimit's families: one
+// process time per request, and a declined request when it was denied,
+// under the policy the response describes.
+func recordCompat(st *requestState, secs float64) {
+	d := &st.decision
+	i := pick(d, true)
+	if i < 0 {
+		if i = pick(d, false); i < 0 {
+			return
+		}
+	}
+	p := st.policies[i]
+	p.compat.processTime.Observe(secs)
+	if !d.Admitted {
+		p.compat.declined.Inc()
+	}
+}
+
+// keysCollector exports caddy_rate_limit_keys_total: the buckets each zone
+// holds in the embedded store, counted when scraped. Handlers on Redis
+// are left out (counting their keys would scan Redis).
+type keysCollector struct {
+	desc *prometheus.Desc
+}
+
+func newKeysCollector() *keysCollector {
+	catalog("keys_total", "gauge", []string{"zone"})
+	return &keysCollector{desc: prometheus.NewDesc(
+		prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "keys_total"),
+		"Buckets (keys) each zone (policy) holds in the embedded store, expired ones not yet swept included (caddy-ratelimit's family).",
+		[]string{"zone"}, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *keysCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *keysCollector) Collect(ch chan<- prometheus.Metric) {
+	handlersMu.RLock()
+	defer handlersMu.RUnlock()
+	counts := map[*limiter.MemoryStore]map[string]int{}
+	values := map[string]int{}
+	for _, h := range liveHandlers() {
+		mem := h.memoryStore()
+		if mem == nil || h.metrics == nil {
+			continue
+		}
+		byPolicy, ok := counts[mem]
+		if !ok {
+			byPolicy = mem.PolicyCounts()
+			counts[mem] = byPolicy
+		}
+		for _, p := range h.policies {
+			values[p.label] = byPolicy[p.policy.Name]
+		}
+	}
+	for zone, n := range values {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), zone)
+	}
+}
+
+// memoryStore is the embedded store the handler decides with, or nil.
+func (h *Handler) memoryStore() *limiter.MemoryStore {
+	s := h.store
+	if ps, ok := s.(*limiter.PeerStore); ok {
+		s = ps.Inner()
+	}
+	if h.Redis != nil {
+		return nil
+	}
+	m, _ := s.(*limiter.MemoryStore)
+	return m
+}
