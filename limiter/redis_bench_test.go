@@ -205,7 +205,30 @@ func BenchmarkRedisDecide(b *testing.B) {
 	b.Run("3-policies", func(b *testing.B) {
 		benchDecide(b, s, client, benchThreePolicies("tenant-42"))
 	})
-	// The floor: a plain GET round trip on the same client.
+	// The script floor: the least a decision must do in Redis (read the
+	// clock, read the bucket, write it with a TTL), so redis-usec/call of
+	// each algorithm can be read as a ratio to it on a noisy machine.
+	b.Run("floor-script", func(b *testing.B) {
+		floor := redis.NewScript(`local t = redis.call('TIME')
+local v = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], '0123456789abcdef', 'PX', 60000)
+return {1, t[1]}`)
+		keys := []string{"rl:token_bucket:{tenant-42}:floor"}
+		if err := floor.Run(bgCtx, client, keys).Err(); err != nil {
+			b.Fatal(err)
+		}
+		if err := client.ConfigResetStat(bgCtx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := floor.EvalSha(bgCtx, client, keys).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(evalshaUsecPerCall(b, client), "redis-usec/call")
+	})
+	// The round-trip floor: a plain GET on the same client.
 	b.Run("baseline-GET", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

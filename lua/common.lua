@@ -77,20 +77,23 @@ local function window_start(t, w)
   return idiv(t, w) * w
 end
 
--- settle returns the smallest wait near w for which ok holds (ok is
--- monotonic): a float estimate is checked against the admission test
--- itself, so a wait is never earlier than the quota really frees.
-local function settle(w, ok)
-  if ok(w) then
+-- settle returns the smallest wait near w for which ok(w, a, b, c, d)
+-- holds (ok is monotonic in w): a float estimate is checked against the
+-- admission test itself, so a wait is never earlier than the quota really
+-- frees. ok takes its data as arguments rather than as a closure: Redis
+-- runs the whole script on every call, and a closure built per call costs
+-- an allocation.
+local function settle(w, ok, a, b, c, d)
+  if ok(w, a, b, c, d) then
     local i = 0
-    while i < 8 and w > 0 and ok(w - 1) do
+    while i < 8 and w > 0 and ok(w - 1, a, b, c, d) do
       w = w - 1
       i = i + 1
     end
     return w
   end
   local step, i = 1, 0
-  while not ok(w) do
+  while not ok(w, a, b, c, d) do
     if w >= MAX_SAFE then return MAX_SAFE end
     w = w + step
     if i >= 4 then step = step + step end
@@ -144,7 +147,9 @@ local function store(key, alg, s, r, now)
     redis.call('DEL', key)
     return
   end
-  redis.call('SET', key, alg.encode(s), 'PX', int(math.ceil(ttl / 1000)))
+  -- A number argument is formatted by Redis itself, exactly for integers
+  -- this small (string.format would cost more than the SET).
+  redis.call('SET', key, alg.encode(s), 'PX', math.ceil(ttl / 1000))
 end
 
 

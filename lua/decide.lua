@@ -33,6 +33,17 @@ local mode = ARGV[1]
 local now = now_us(ARGV[2])
 local n = #KEYS
 
+-- One check in decide mode, the common request: the same semantics as the
+-- loop below without its per-check tables (each table costs Redis about
+-- 0.1 µs, a tenth of a GET).
+if n == 1 and mode == 'decide' then
+  local alg, r, cost, shadow = parse_check(1, 2)
+  local key = KEYS[1]
+  local ok, rem, retry, reset, nxt = alg.eval((load(alg, key)), now, r, cost)
+  if ok and cost > 0 then save(key, alg, nxt, r, now) end
+  return {(ok or shadow) and 1 or 0, now, ok and 1 or 0, rem, math.max(retry, 0), math.max(reset, 0)}
+end
+
 local buckets = {} -- key -> {orig = stored state, cur = tentative state}
 local algs, rates, costs, charged = {}, {}, {}, {}
 local allowed, rem, retry, reset = {}, {}, {}, {}

@@ -35,6 +35,13 @@ ALGORITHMS.sliding_window = function()
     return room >= 0 and pw <= room
   end
 
+  -- fits_after reports whether s, left alone for w µs after now, admits c
+  -- units (settle's test).
+  local function fits_after(w, s, now, r, c)
+    local c2, e2 = roll(s, now + w, r)
+    return fits(c2, prev_weight(c2, e2, r), r, c)
+  end
+
   -- wait returns the µs from now until s, left alone, admits c units.
   local function wait(s, now, r, c)
     local W, L = r.window, r.limit
@@ -52,10 +59,7 @@ ALGORITHMS.sliding_window = function()
         w = w + ceil_pos(W - (L - c) * W / cur.n)
       end
     end
-    return settle(w + base, function(w)
-      local c2, e2 = roll(s, now + w, r)
-      return fits(c2, prev_weight(c2, e2, r), r, c)
-    end)
+    return settle(w + base, fits_after, s, now, r, c)
   end
 
   local function result(src, cur, pw, now, r)

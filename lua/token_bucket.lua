@@ -14,16 +14,19 @@ ALGORITHMS.token_bucket = function()
     return d
   end
 
+  -- holds reports whether s, left alone for w µs after now, holds n
+  -- tokens (settle's test).
+  local function holds(w, s, now, r, n)
+    return r.cap - deficit(s, now + w, r) >= n
+  end
+
   -- wait returns the µs from now until s, left alone, holds n tokens.
   local function wait(s, now, r, n)
-    local c = r.cap
     local t = math.max(now, s.at)
-    local need = n - (c - deficit(s, t, r))
+    local need = n - (r.cap - deficit(s, t, r))
     if need <= 0 then return t - now end
     local w = (t - now) + ceil_pos(need * r.window / r.limit)
-    return settle(w, function(w)
-      return c - deficit(s, now + w, r) >= n
-    end)
+    return settle(w, holds, s, now, r, n)
   end
 
   -- result reports remaining and reset for deficit d at now; the wait is
@@ -34,6 +37,12 @@ ALGORITHMS.token_bucket = function()
     local reset = 0
     if rem < c then reset = wait(src, now, r, rem + 1) end
     return rem, reset
+  end
+
+  -- full reports whether s is a full bucket w µs after its last update
+  -- (settle's test).
+  local function full(w, s, r)
+    return deficit(s, s.at + w, r) == 0
   end
 
   return {
@@ -52,28 +61,28 @@ ALGORITHMS.token_bucket = function()
     eval = function(s, now, r, cost)
       local c = r.cap
       local t = math.max(now, s.at)
-      local cur = {at = t, f = deficit(s, t, r)}
-      local rem, reset = result(s, cur.f, now, r)
+      local f = deficit(s, t, r)
+      if cost > 0 and cost <= c and c - f >= cost then
+        -- Admitted: only the bucket after the charge is reported.
+        local cur = {at = t, f = f + cost}
+        local rem, reset = result(cur, cur.f, now, r)
+        return true, rem, 0, reset, cur
+      end
+      local cur = {at = t, f = f}
+      local rem, reset = result(s, f, now, r)
       if cost == 0 then
         return true, rem, 0, reset, cur
       elseif cost > c then
         return false, rem, r.window, reset, cur
-      elseif c - cur.f < cost then
-        return false, rem, wait(s, now, r, cost), reset, cur
       end
-      cur.f = cur.f + cost
-      rem, reset = result(cur, cur.f, now, r)
-      return true, rem, 0, reset, cur
+      return false, rem, wait(s, now, r, cost), reset, cur
     end,
 
     -- ttl: the bucket is full again once the deficit has refilled, at most
     -- cap/limit windows after the last update (<= window when burst is unset).
     ttl = function(s, now, r)
       if s.f <= 0 then return s.at - now end
-      local w = ceil_pos(s.f * r.window / r.limit)
-      w = settle(w, function(w)
-        return deficit(s, s.at + w, r) == 0
-      end)
+      local w = settle(ceil_pos(s.f * r.window / r.limit), full, s, r)
       return s.at + w - now
     end,
 
@@ -82,4 +91,3 @@ ALGORITHMS.token_bucket = function()
     end,
   }
 end
-
