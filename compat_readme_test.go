@@ -37,6 +37,7 @@ func TestCaddyRatelimitReadmeExamples(t *testing.T) {
 	// distributed rate limiting [...] Caddy's global storage config will
 	// be used."
 	checkExample := func(t *testing.T, p *caddyProcess) {
+		start := time.Now()
 		for i := range 2 {
 			r := p.request(http.MethodGet, "/")
 			p.expect(r, 200, 0, fmt.Sprintf("GET %d", i+1))
@@ -44,6 +45,7 @@ func TestCaddyRatelimitReadmeExamples(t *testing.T) {
 				t.Errorf("body %q", r.body)
 			}
 		}
+		end := time.Now()
 		p.expect(p.request(http.MethodGet, "/"), 429, 5, "GET 3: dynamic_example, 2 per 5s per client")
 		line := p.waitLogLines("rate limit exceeded", 1)[0]
 		if line["zone"] != "dynamic_example" || line["key"] != "127.0.0.1" {
@@ -57,8 +59,18 @@ func TestCaddyRatelimitReadmeExamples(t *testing.T) {
 			return len(states) == 1
 		})
 		for _, st := range states {
-			if n := st.Zones["dynamic_example"]["127.0.0.1"].Count; n != 2 {
-				t.Errorf("distributed state counts %d events of 127.0.0.1 in dynamic_example, want 2", n)
+			// A state written 5s or more after the requests (a loaded
+			// machine) no longer holds them in the 5s window: 0 is then
+			// the right count; in between, some may have left it.
+			n, want := st.Zones["dynamic_example"]["127.0.0.1"].Count, 2
+			switch {
+			case st.Timestamp.Sub(start) >= 5*time.Second:
+				want = 0
+			case st.Timestamp.Sub(end) >= 5*time.Second:
+				want = n
+			}
+			if n != want {
+				t.Errorf("distributed state at +%s counts %d events of 127.0.0.1 in dynamic_example, want %d", st.Timestamp.Sub(start), n, want)
 			}
 			if n := st.Zones["static_example"]["static"].Count; n != 3 {
 				t.Errorf("distributed state counts %d events in static_example, want 3 (charged before dynamic_example denied)", n)
