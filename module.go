@@ -40,6 +40,7 @@ func init() {
 //	{http.rate_limit.remaining}      units left (-1: unknown)
 //	{http.rate_limit.retry_after}    whole seconds until the request could pass (0 when admitted)
 //	{http.rate_limit.shadow_denied}  comma-separated shadow policies that would have denied
+//	{http.rate_limit.delay}          how long the request waited for its turn (a policy's delay), e.g. 250ms; 0s when it did not
 //
 // Each denial also emits the event rate_limit_exceeded.
 type Handler struct {
@@ -419,6 +420,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			h.chargeZones(r.Context(), st)
 		}
 		return h.deny(w, r, repl, st, shown)
+	}
+	if st.wait > 0 {
+		if err := h.waitTurn(r, st); err != nil {
+			return err
+		}
 	}
 	if d.HoldsSlots() {
 		// Deferred after putRequestState, so it runs first: the slots go

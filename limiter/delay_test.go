@@ -85,7 +85,7 @@ func TestDelayOnlyForContinuousBuckets(t *testing.T) {
 		if _, err := m.Decide(bgCtx, []Check{c}, make([]Result, 1)); !errors.Is(err, ErrInvalidCheck) {
 			t.Errorf("delay %s: Decide = %v, want ErrInvalidCheck", d, err)
 		}
-		if err := CheckDelay(d); !errors.Is(err, ErrOutOfRange) || !strings.Contains(err.Error(), "allowed: 1ms to 1h0m0s") {
+		if err := CheckDelay(d); !errors.Is(err, ErrOutOfRange) || !strings.Contains(err.Error(), "allowed: 1ms to 1h; 0 never waits") {
 			t.Errorf("CheckDelay(%s) = %v", d, err)
 		}
 	}

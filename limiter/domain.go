@@ -68,10 +68,14 @@ func CheckInterval(d time.Duration) error {
 // MaxDelay.
 func CheckDelay(d time.Duration) error {
 	if d != 0 && (d < MinDelay || d > MaxDelay) {
-		return fmt.Errorf("%s is %w (allowed: %s to %s; 0 never waits)", d, ErrOutOfRange, MinDelay, MaxDelay)
+		return fmt.Errorf("%s is %w (allowed: %s to %s; 0 never waits)", d, ErrOutOfRange, MinDelay, delayLimitText)
 	}
 	return nil
 }
 
-// windowLimitText is MaxWindow as people write it.
-const windowLimitText = "366d"
+// windowLimitText and delayLimitText are MaxWindow and MaxDelay as people
+// write them.
+const (
+	windowLimitText = "366d"
+	delayLimitText  = "1h"
+)
