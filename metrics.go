@@ -319,14 +319,15 @@ func (pm *policyMetrics) record(policy string, d decisionLabel, s sourceLabel, s
 	}
 }
 
-// delays reports whether some tenant of p may wait for a turn.
+// delays reports whether some tenant of p may wait for a turn (shadow
+// limits never make a request wait).
 func delays(p *limiter.Policy) bool {
-	if p.Limit.Delay > 0 {
+	if p.Limit.Delay > 0 && !p.Limit.Shadow {
 		return true
 	}
 	for _, m := range []map[string]limiter.Limit{p.Tiers, p.TenantLimits} {
 		for _, l := range m {
-			if l.Delay > 0 {
+			if l.Delay > 0 && !l.Shadow {
 				return true
 			}
 		}

@@ -157,6 +157,8 @@ type Handler struct {
 	overrides *fleet.OverrideTable
 	// peers is the handler's hold on its distributed exchange, or nil.
 	peers *peerAttachment
+	// cleanedUp: Cleanup has run.
+	cleanedUp bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -314,13 +316,24 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 }
 
 // Cleanup lets go of the shared stores and backend; the last handler to
-// do so closes them. Every error is reported.
+// do so closes them. Every error is reported. It may be called more than
+// once.
+//
+// The fields requests read (store, stack, backend, denials) keep their
+// values: a request still in flight, one that waits for its turn across a
+// config reload above all, keeps using them without a data race, and
+// finds them released: a closed lease cache decides by its store, a
+// released denial stream drops what it is given, and a refund to a Redis
+// client closed meanwhile fails (and is logged).
 func (h *Handler) Cleanup() error {
+	if h.cleanedUp {
+		return nil
+	}
+	h.cleanedUp = true
 	var errs []error
 	unregisterHandler(h)
 	if h.denials != nil {
 		h.denials.Release(h.DenialsStream)
-		h.denials = nil
 	}
 	errs = append(errs, h.cleanupDistributed())
 	if h.storeKey != "" {
@@ -330,21 +343,18 @@ func (h *Handler) Cleanup() error {
 	if h.stack != nil {
 		// Before the backend goes: the give-backs need its client.
 		errs = append(errs, h.stack.Close())
-		h.stack = nil
 	}
 	if h.attachment != nil {
 		h.attachment.Detach()
-		h.attachment = nil
 	}
 	if h.backend != nil {
 		errs = append(errs, h.backend.Release())
-		h.backend = nil
 	}
 	if h.fallbackKey != "" {
 		_, err := embeddedStores.Delete(h.fallbackKey)
 		errs = append(errs, err)
 	}
-	h.storeKey, h.fallbackKey, h.store = "", "", nil
+	h.storeKey, h.fallbackKey = "", ""
 	h.cleanupMetrics()
 	return errors.Join(errs...)
 }
