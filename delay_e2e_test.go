@@ -526,3 +526,38 @@ func TestDelayReload(t *testing.T) {
 	}
 	goleak.VerifyNone(t, leaks)
 }
+
+// TestDelayAdmin: the admin API shows each limit's delay, a tier's own
+// or the policy's.
+func TestDelayAdmin(t *testing.T) {
+	s := startCaddyAdmin(t, "", `
+	rate_limit {
+		tenant {http.request.header.X-Tenant}
+		policy adm_delay {
+			algorithm gcra
+			limit 10
+			window 1s
+			delay 2s
+			tier batch 2 1s delay 30s
+			tier pro 50
+		}
+	}
+	respond "ok"`, nil)
+	for tier, want := range map[string]string{"batch": "30s", "pro": "2s", "": "2s"} {
+		p := adminPolicy(t, s.adminOK("GET", "/rate_limit/policies?tenant=acme&tier="+tier, ""), "adm_delay")
+		if p["delay"] != want {
+			t.Errorf("tier %q: delay %v, want %s", tier, p["delay"], want)
+		}
+	}
+	var found bool
+	for _, h := range s.adminOK("GET", "/rate_limit/status", "")["handlers"].([]any) {
+		for _, p := range h.(map[string]any)["policies"].([]any) {
+			if pm := p.(map[string]any); pm["name"] == "adm_delay" {
+				found = pm["delay"] == "2s"
+			}
+		}
+	}
+	if !found {
+		t.Error("status does not show adm_delay's delay 2s")
+	}
+}
