@@ -434,27 +434,36 @@ func TestDelayObservability(t *testing.T) {
 
 // TestDelayFailLocal: with Redis unreachable, fail local hands out turns
 // on the fallback bucket, at its share of the limit (0.7 of 10/s with
-// one instance: 7/s, a turn every 143ms).
+// one instance: 7/s, a turn every 143ms). Redis comes back at the end, so
+// the breaker closes (its gauge is process-wide).
 func TestDelayFailLocal(t *testing.T) {
-	dead := freePort(t)
+	redistest.RequireBinaries(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
 	s := startCaddy(t, "", fmt.Sprintf(`
-	rate_limit {
-		redis {
-			address 127.0.0.1:%d
-			timeout 50ms
-		}
-		tenant {http.request.header.X-Tenant}
-		fail local
-		policy fb {
-			algorithm gcra
-			limit 10
-			window 1s
-			burst 1
-			delay 2s
-		}
+	handle /metrics {
+		metrics
 	}
-	respond "waited {http.rate_limit.delay}"`, dead), nil)
-	// Open the breaker first, so the turns are not spread by timeouts.
+	handle {
+		rate_limit {
+			redis {
+				address %s
+				timeout 50ms
+				breaker_cooldown 200ms
+			}
+			tenant {http.request.header.X-Tenant}
+			fail local
+			policy fb {
+				algorithm gcra
+				limit 10
+				window 1s
+				burst 1
+				delay 2s
+			}
+		}
+		respond "waited {http.rate_limit.delay}"
+	}`, srv.Addr), nil)
+	srv.Stop()
+	// Open the breaker first, so the turns are not spread by failed calls.
 	for range 3 {
 		s.get("/", "X-Tenant", "warmup")
 	}
@@ -465,6 +474,11 @@ func TestDelayFailLocal(t *testing.T) {
 		}
 	}
 	checkTurns(t, res, time.Second/7+1) // GCRA's interval, rounded up
+	srv.Restart(t)
+	waitFor(t, func() bool {
+		s.get("/", "X-Tenant", "probe")
+		return scrapeMetrics(t, s.base+"/metrics").value("caddy_rate_limit_breaker_open") == 0
+	})
 }
 
 // TestDelayReload: a config reload does not cut waits short: requests
