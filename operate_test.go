@@ -45,11 +45,23 @@ func TestConfigWarnings(t *testing.T) {
 			}
 		}
 		respond "b"
+	}
+	route /c* {
+		rate_limit {
+			redis 127.0.0.1:1
+			max_memory 64MiB
+			policy c_only {
+				limit 5
+				window 1m
+			}
+		}
+		respond "c"
 	}`, nil)
 	for _, want := range []string{
 		`"msg":"tenant_tier names a tier that no policy defines: the tenant gets each policy's own limit","tenant":"acme","tier":"gold"`,
 		`"msg":"lease is ignored on the embedded store`,
 		`"msg":"window is ignored by the concurrency algorithm (it limits requests in flight)","policy":"inflight"`,
+		`"msg":"max_memory and sweep_interval size the embedded store: they are ignored with a redis block"`,
 		`"msg":"policy name defined by more than one rate_limit handler: they share its buckets (policies are named buckets); give distinct budgets distinct names","policy":"shared_name"`,
 	} {
 		if n := countLogLines(t, logFile, want); n != 1 {

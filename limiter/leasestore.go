@@ -184,6 +184,14 @@ type leaseEntry struct {
 	reserveUntil int64
 	// dead: forgotten by the store; look the checks up again.
 	dead bool
+
+	// Prefetch (see prefetchable): lastGrant is the size of the last
+	// grant; prefetched is set while a grant was prefetched for it (or the
+	// store refused one), so a lease prefetches at most once.
+	prefetchable bool
+	lastGrant    int64
+	prefetched   bool
+	scratch      []Result // the prefetch call's results
 }
 
 // NewLeaseStore returns a lease cache in front of opts.Store and starts
@@ -324,7 +332,33 @@ func (s *LeaseStore) newEntry(key string, checks []Check) *leaseEntry {
 		e.counters[i] = s.counters(checks[i].Policy)
 		e.delay = e.delay || checks[i].Rate.Delay > 0
 	}
+	e.prefetchable = prefetchOn && prefetchable(checks)
 	return e
+}
+
+// prefetchOn lets benchmarks compare prefetching with refills only.
+var prefetchOn = true
+
+// prefetchable reports whether a lease of checks may be topped up before
+// it runs out. Token bucket and GCRA units mean the same whenever they are
+// served (a give back ignores when they were charged), so a grant can join
+// the units left; a window's units belong to their window, so window
+// leases are refilled only once empty or expired.
+func prefetchable(checks []Check) bool {
+	for i := range checks {
+		if a := checks[i].Algorithm; a != TokenBucket && a != GCRA {
+			return false
+		}
+	}
+	return true
+}
+
+// prefetchDue reports whether the request that just took a unit of e
+// should top the lease up: a quarter of the last grant is left, nothing is
+// in flight, and no prefetch was made for this grant. Called with e.mu
+// held.
+func (e *leaseEntry) prefetchDue() bool {
+	return e.prefetchable && !e.prefetched && e.flight == nil && e.units > 0 && e.units*4 <= e.lastGrant
 }
 
 // counters returns the counters of policy.
@@ -378,7 +412,11 @@ func (s *LeaseStore) decideEntry(ctx context.Context, e *leaseEntry, checks []Ch
 		case e.units > 0 && now < e.expires:
 			e.units--
 			e.fill(results, now, OriginLease)
-			e.mu.Unlock()
+			if e.prefetchDue() && !s.closed.Load() {
+				s.prefetch(ctx, e, now) // releases e.mu
+			} else {
+				e.mu.Unlock()
+			}
 			s.count(e, LeaseSpent, 1)
 			return true, false, nil
 		case now < e.reserveUntil:
@@ -439,6 +477,53 @@ func (s *LeaseStore) reserve(ctx context.Context, e *leaseEntry, checks []Check,
 	e.baseAt = now
 	e.deniedUntil = now + int64(until)
 	return false, nil
+}
+
+// prefetch tops up e's lease while units are left, so that a busy entry's
+// requests keep being served from it during the round trip instead of
+// all waiting for a refill once it is empty. The request that crossed the
+// low-water mark makes the call after its own result is written; requests
+// that find the lease empty meanwhile wait for it as for a refill. Called
+// with e.mu held; returns with it released.
+func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
+	f := &leaseFlight{done: make(chan struct{})}
+	e.flight, e.prefetched = f, true
+	if cap(e.scratch) < len(e.checks) {
+		e.scratch = make([]Result, len(e.checks))
+	}
+	results := e.scratch[:len(e.checks)]
+	req := LeaseRequest{
+		Checks:    e.checks,
+		Want:      e.want(now),
+		Instances: s.instances(),
+		TTL:       time.Duration(e.ttl),
+	}
+	e.mu.Unlock()
+
+	g, err := s.taker.Lease(context.WithoutCancel(ctx), &req, results)
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.flight = nil
+	defer close(f.done)
+	switch {
+	case err != nil:
+		if IsTimeout(err) {
+			s.count(e, LeaseLost, req.Want)
+		}
+		// The units left still serve; the waiters, if any, refill.
+	case g.Requests > 0:
+		at := s.clock.Now().UnixNano()
+		s.count(e, LeaseAcquired, g.Requests)
+		e.units += g.Requests
+		e.lastGrant, e.prefetched = g.Requests, false
+		e.at = g.At
+		e.expires = max(e.expires, at+int64(g.Expires))
+		copy(e.base, results)
+		e.baseAt = at
+	}
+	// A refusal (the buckets have no share left for this instance) keeps
+	// prefetched set: the lease runs out and is refilled as usual.
 }
 
 // refill takes a new lease for e and serves the calling request from it.
@@ -509,6 +594,7 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 	s.count(e, LeaseAcquired, g.Requests)
 	s.count(e, LeaseSpent, 1)
 	e.units = g.Requests - 1
+	e.lastGrant, e.prefetched = g.Requests, false
 	e.at = g.At
 	e.expires = now + int64(g.Expires)
 	for i := range results[:len(checks)] {
@@ -610,7 +696,8 @@ func (s *LeaseStore) forget(match func(*leaseEntry) bool) {
 				delete(sh.m, k)
 			} else {
 				// Refilling: keep the entry, lose what it holds.
-				e.deniedUntil, e.reserveUntil = 0, 0
+				s.count(e, LeaseExpired, e.units)
+				e.units, e.deniedUntil, e.reserveUntil = 0, 0, 0
 			}
 			e.mu.Unlock()
 		}

@@ -300,12 +300,145 @@ func TestLeaseNoStampede(t *testing.T) {
 	}
 }
 
+// TestLeasePrefetch: a token bucket or GCRA lease is topped up when a
+// quarter of its last grant is left, so a busy tenant's requests are
+// served from the lease without waiting for a refill once it runs out:
+// of 300 requests in a row only 3 go to the store (the grants of 1 and 2
+// that start the demand ramp are too small to top up), Remaining still
+// counts down exactly, and a window lease is refilled as before.
+func TestLeasePrefetch(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, algo := range leaseAlgorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			f := newLeaseFixture(t, srv, true, 1)
+			c := leaseCheck(algo, "prefetch-"+algo.String(), 10000, time.Hour, Lease{Max: 20, TTL: time.Hour})
+			res := make([]Result, 1)
+			fromStore := 0
+			for i := int64(1); i <= 300; i++ {
+				ok, err := f.lease.Decide(bgCtx, []Check{c}, res)
+				if err != nil || !ok {
+					t.Fatalf("request %d: admitted %v, err %v", i, ok, err)
+				}
+				if res[0].Remaining != 10000-i {
+					t.Fatalf("request %d: remaining %d, want %d", i, res[0].Remaining, 10000-i)
+				}
+				if res[0].From == OriginStore {
+					fromStore++
+				}
+			}
+			calls := f.calls.get("lease")
+			if prefetchable([]Check{c}) {
+				if fromStore != 3 {
+					t.Fatalf("%d of 300 requests waited for a refill, want 3", fromStore)
+				}
+			} else if fromStore != calls || fromStore < 15 {
+				t.Fatalf("window lease: %d requests from the store, %d calls", fromStore, calls)
+			}
+			// Leases of 20 after the ramp (1, 2, 4, 8, 16): about 20 calls
+			// either way; a prefetch is not an extra call per request.
+			if calls > 22 {
+				t.Fatalf("%d lease calls for 300 requests", calls)
+			}
+			t.Logf("%d lease calls, %d requests from the store", calls, fromStore)
+		})
+	}
+}
+
+// blockingTaker holds the lease calls made while hold is set until
+// release is closed.
+type blockingTaker struct {
+	LeaseTaker
+	hold    atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingTaker) Lease(ctx context.Context, req *LeaseRequest, results []Result) (LeaseGrant, error) {
+	if b.hold.Load() {
+		b.held <- struct{}{}
+		<-b.release
+	}
+	return b.LeaseTaker.Lease(ctx, req, results)
+}
+
+// TestLeasePrefetchInFlight: while a prefetch is on the wire, the units
+// left keep serving other requests; one that finds the lease empty waits
+// for the prefetch and is served from what it brought.
+func TestLeasePrefetchInFlight(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	rs := NewRedisStore(RedisOptions{Client: srv.Client(t), Timeout: testTimeout})
+	taker := &blockingTaker{LeaseTaker: rs, held: make(chan struct{}), release: make(chan struct{})}
+	clk := newManualClock(baseTime)
+	rs.now = func() int64 { return clk.Now().UnixMicro() }
+	ls := NewLeaseStore(LeaseOptions{Store: rs, Taker: taker, Clock: clk, SweepInterval: -1})
+	t.Cleanup(func() { ls.Close() })
+	t.Cleanup(func() { taker.hold.Store(false) }) // before Close gives back
+	c := leaseCheck(TokenBucket, "inflight", 10000, time.Hour, Lease{Max: 8, TTL: time.Hour})
+	res := make([]Result, 1)
+	decide := func(want Origin) {
+		t.Helper()
+		if ok, err := ls.Decide(bgCtx, []Check{c}, res); !ok || err != nil || res[0].From != want {
+			t.Fatalf("admitted %v, err %v, from %v, want from %v", ok, err, res[0].From, want)
+		}
+	}
+	// Ramp the demand until a grant of 8: 1, 2, 4, then 8 (prefetched).
+	for ls.entry([]Check{c}).lastGrant < 8 {
+		if ok, err := ls.Decide(bgCtx, []Check{c}, res); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+	}
+	e := ls.entry([]Check{c})
+	e.mu.Lock()
+	units := e.units
+	e.mu.Unlock()
+	// Spend down to 3 left: the next request leaves 2 = 8/4 and prefetches.
+	for ; units > 3; units-- {
+		decide(OriginLease)
+	}
+	taker.hold.Store(true)
+	prefetching := make(chan struct{})
+	go func() {
+		defer close(prefetching)
+		decide(OriginLease) // 2 left: its prefetch is held
+	}()
+	select {
+	case <-taker.held:
+	case <-prefetching:
+		t.Fatal("the request that left 2 units made no prefetch")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no prefetch")
+	}
+	decide(OriginLease) // 1 left
+	decide(OriginLease) // 0 left
+	waited := make(chan Result, 1)
+	go func() {
+		r := make([]Result, 1)
+		if ok, err := ls.Decide(bgCtx, []Check{c}, r); !ok || err != nil {
+			t.Errorf("request after the lease ran out: admitted %v, err %v", ok, err)
+		}
+		waited <- r[0]
+	}()
+	select {
+	case r := <-waited:
+		t.Fatalf("served before the prefetch returned: %+v", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+	taker.hold.Store(false)
+	close(taker.release)
+	<-prefetching
+	if r := <-waited; r.From != OriginLease {
+		t.Fatalf("the waiting request was served from %v, want the prefetched lease", r.From)
+	}
+}
+
 // TestLeaseFleetExact: three instances leasing from one Redis, with
 // demand far above the limit, admit at most the limit, and what they
 // admitted plus what they held when they stopped is exactly the limit.
 func TestLeaseFleetExact(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
-	for _, algo := range []Algorithm{FixedWindow, SlidingWindow} {
+	// Token bucket and GCRA leases are topped up before they run out
+	// (prefetch); window leases only once empty.
+	for _, algo := range leaseAlgorithms {
 		t.Run(algo.String(), func(t *testing.T) {
 			c := leaseCheck(algo, "fleet-"+algo.String(), 1000, MaxWindow, Lease{Max: 50, TTL: time.Minute})
 			var stores []Store
