@@ -100,8 +100,10 @@ type policyStatus struct {
 	Window    string `json:"window,omitempty"`
 	Calendar  string `json:"calendar,omitempty"`
 	Burst     int64  `json:"burst,omitempty"`
-	Shadow    bool   `json:"shadow,omitempty"`
-	FailMode  string `json:"fail_mode"`
+	// Delay is the policy's longest wait for a turn, e.g. "2s".
+	Delay    string `json:"delay,omitempty"`
+	Shadow   bool   `json:"shadow,omitempty"`
+	FailMode string `json:"fail_mode"`
 	// Lease is set when the policy leases (Redis store only).
 	Lease *leaseStatus `json:"lease,omitempty"`
 }
@@ -150,6 +152,9 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 				Shadow:    p.policy.Limit.Shadow,
 				FailMode:  p.policy.FailMode.String(),
 			}
+			if d := p.policy.Limit.Delay; d > 0 {
+				ps.Delay = d.String()
+			}
 			if ps.Calendar = calendarText(p.policy.Limit.Rate); ps.Calendar == "" && p.policy.Limit.Window > 0 {
 				ps.Window = p.policy.Limit.Window.String()
 			}
@@ -180,11 +185,13 @@ type effective struct {
 	PeriodStart string `json:"period_start,omitempty"`
 	PeriodEnd   string `json:"period_end,omitempty"`
 	Burst       int64  `json:"burst,omitempty"`
-	Unlimited   bool   `json:"unlimited,omitempty"`
-	Shadow      bool   `json:"shadow,omitempty"`
-	FailMode    string `json:"fail_mode"`
-	Source      string `json:"source"`
-	Store       string `json:"store"`
+	// Delay is the longest wait for a turn of this limit, e.g. "2s".
+	Delay     string `json:"delay,omitempty"`
+	Unlimited bool   `json:"unlimited,omitempty"`
+	Shadow    bool   `json:"shadow,omitempty"`
+	FailMode  string `json:"fail_mode"`
+	Source    string `json:"source"`
+	Store     string `json:"store"`
 	// Usage fields (usage route only).
 	Remaining *int64   `json:"remaining,omitempty"`
 	Reset     *float64 `json:"reset,omitempty"`
@@ -232,6 +239,9 @@ func (h *Handler) effectiveOf(p *policyRuntime, tenant, tier string) (effective,
 	}
 	if !l.Unlimited {
 		e.Limit, e.Burst = l.Limit, l.Burst
+		if l.Delay > 0 {
+			e.Delay = l.Delay.String()
+		}
 		if l.Calendar != nil {
 			e.Calendar, e.PeriodStart, e.PeriodEnd = calendarPeriod(l.Rate, time.Now())
 		} else if l.Window > 0 {

@@ -3,9 +3,11 @@ package tollgate
 import (
 	"bytes"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -63,7 +65,8 @@ func TestBinaryListModules(t *testing.T) {
 }
 
 // TestCaddyfileExample runs Caddyfile.example with the built binary, as
-// the README tells a new user to, and checks tenants, tiers and shadow.
+// the README tells a new user to, and checks tenants, tiers, quotas,
+// smoothed webhooks and shadow.
 func TestCaddyfileExample(t *testing.T) {
 	bin := caddyBinary(t)
 	port, admin := freePort(t), freePort(t)
@@ -127,6 +130,33 @@ func TestCaddyfileExample(t *testing.T) {
 			t.Errorf("%s monthly usage: %v, want %v left", tenant, u, left)
 		}
 	}
+	// Webhooks are smoothed: four at once pass at 0, 0.5, 1 and 1.5s, each
+	// body saying how long it waited.
+	hooks := make([]timedResponse, 4)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range hooks {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodGet, s.base+"/webhooks/ping", nil)
+			req.Header.Set("X-API-Key", "key-carol")
+			hooks[i] = doTimed(&http.Client{Transport: &http.Transport{}}, req, t0)
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(hooks, func(a, b timedResponse) int { return int(a.elapsed - b.elapsed) })
+	for k, h := range hooks {
+		turn := time.Duration(k) * 500 * time.Millisecond
+		if h.err != nil || h.status != 200 || !strings.HasPrefix(h.body, "webhook for carol passed after ") {
+			t.Fatalf("webhook %d: %d %q %v", k, h.status, h.body, h.err)
+		}
+		if h.elapsed < turn || h.elapsed > hooks[0].elapsed+turn+lateTolerance {
+			t.Errorf("webhook %d passed after %s, want at its turn %s", k, h.elapsed, turn)
+		}
+	}
+	if hooks[0].body != "webhook for carol passed after 0s\n" {
+		t.Errorf("first webhook: %q", hooks[0].body)
+	}
+
 	// The shadow policy next_quota (5/min) never blocked carol's first
 	// 10; its would-deny lines are in the log.
 	deadline := time.Now().Add(2 * time.Second)

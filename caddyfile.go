@@ -82,10 +82,11 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //			window <duration>
 //			calendar day|week|month [<IANA zone>]   # fixed_window, instead of window
 //			burst <n>
+//			delay <max_wait>       # token_bucket, gcra: wait for a turn instead of a 429
 //			cost <n|placeholder>
 //			min_interval <duration>
-//			tier <tier> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | tier <tier> unlimited
-//			tenant_limit <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | tenant_limit <tenant> unlimited
+//			tier <tier> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | tier <tier> unlimited
+//			tenant_limit <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | tenant_limit <tenant> unlimited
 //			                       # older spelling: override
 //			lease <max_tokens> [<ttl>]
 //			shadow
@@ -239,6 +240,10 @@ var policyBlock = block[*policyState]{
 		ps.pc.Burst, err = p.int64Arg(countRange(1))
 		return err
 	}},
+	{name: "delay", usage: "delay <max_wait>", field: "delay", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Delay, err = p.durationArg()
+		return err
+	}},
 	{name: "cost", usage: "cost <n|placeholder>", field: "cost", parse: func(p cfParser, ps *policyState) error {
 		s, err := p.word()
 		ps.pc.Cost = Cost(s)
@@ -248,13 +253,13 @@ var policyBlock = block[*policyState]{
 		ps.pc.MinInterval, err = p.durationArg()
 		return err
 	}},
-	{name: "tier", usage: "tier <tier> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | tier <tier> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+	{name: "tier", usage: "tier <tier> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | tier <tier> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
 		return ps.parseLimitRule(p, "tiers", &ps.pc.Tiers)
 	}},
-	{name: "tenant_limit", usage: "tenant_limit <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | tenant_limit <tenant> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+	{name: "tenant_limit", usage: "tenant_limit <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | tenant_limit <tenant> unlimited", repeatable: true, parse: func(p cfParser, ps *policyState) error {
 		return ps.parseLimitRule(p, "tenant_limits", &ps.pc.TenantLimits)
 	}},
-	{name: "override", usage: "override <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow] | override <tenant> unlimited (older spelling of tenant_limit)", repeatable: true, parse: func(p cfParser, ps *policyState) error {
+	{name: "override", usage: "override <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | override <tenant> unlimited (older spelling of tenant_limit)", repeatable: true, parse: func(p cfParser, ps *policyState) error {
 		return ps.parseLimitRule(p, "overrides", &ps.pc.Overrides)
 	}},
 	{name: "lease", usage: "lease <max_tokens> [<ttl>]", parse: func(p cfParser, ps *policyState) (err error) {
@@ -586,10 +591,10 @@ func parseMatch(p cfParser, ps *policyState) error {
 // parseLimitRule reads a `tier` or `tenant_limit` (`override`) line into
 // m, the JSON field field:
 //
-//	<name> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [shadow]
+//	<name> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow]
 //	<name> unlimited
 func (ps *policyState) parseLimitRule(p cfParser, field string, m *map[string]*LimitConfig) error {
-	args, err := p.args(2, 8)
+	args, err := p.args(2, 10)
 	if err != nil {
 		return err
 	}
@@ -604,6 +609,7 @@ func (ps *policyState) parseLimitRule(p cfParser, field string, m *map[string]*L
 	p.record(sub(path, "max_events"), label)
 	p.record(sub(path, "window"), label+": window")
 	p.record(sub(path, "burst"), label+": burst")
+	p.record(sub(path, "delay"), label+": delay")
 	p.record(sub(path, "calendar"), label+": calendar")
 	lc := new(LimitConfig)
 	if args[1] == "unlimited" {
@@ -627,9 +633,10 @@ func (ps *policyState) parseLimitRule(p cfParser, field string, m *map[string]*L
 }
 
 // limitOptions reads the optional `[<window> | calendar <period> [<zone>]]
-// [burst <n>] [shadow]` part of a tier or tenant_limit line, in any order.
+// [burst <n>] [delay <max_wait>] [shadow]` part of a tier or tenant_limit
+// line, in any order.
 func (p cfParser) limitOptions(lc *LimitConfig, opts []string) error {
-	var window, burst, shadow bool
+	var window, burst, delay, shadow bool
 	for i := 0; i < len(opts); i++ {
 		var err error
 		switch opt := opts[i]; {
@@ -650,6 +657,13 @@ func (p cfParser) limitOptions(lc *LimitConfig, opts []string) error {
 			i++
 			lc.Burst, err = p.parseInt(opts[i], countRange(1))
 			burst = true
+		case opt == "delay":
+			if delay || i+1 == len(opts) {
+				return p.dirErr("delay must be given once, with a duration; usage: %s", p.usage)
+			}
+			i++
+			lc.Delay, err = p.parseDuration(opts[i])
+			delay = true
 		case opt == "shadow":
 			if shadow {
 				return p.dirErr("shadow given twice; usage: %s", p.usage)

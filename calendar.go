@@ -51,7 +51,7 @@ func (p cfParser) calendar() (*CalendarConfig, error) {
 // or tenant_limit line is its zone: not another option, nor a duration.
 func isZoneWord(w string) bool {
 	switch w {
-	case "burst", "shadow", "calendar":
+	case "burst", "delay", "shadow", "calendar":
 		return false
 	}
 	_, err := caddy.ParseDuration(w)

@@ -68,7 +68,7 @@ func TestCalendarConfig(t *testing.T) {
 		{"tenant limit zone", `{"rate_limits":{"p":{"max_events":1,"calendar":{"period":"day"},"tenant_limits":{"acme":{"max_events":2,"calendar":{"period":"day","zone":"Local"}}}}}}`,
 			`rate_limits.p.tenant_limits.acme.calendar.zone: "Local": name an IANA time zone`},
 		{"unlimited with calendar", `{"rate_limits":{"p":{"max_events":1,"calendar":{"period":"day"},"tiers":{"x":{"unlimited":true,"calendar":{"period":"day"}}}}}}`,
-			"rate_limits.p.tiers.x: unlimited excludes max_events, window, calendar and burst"},
+			"rate_limits.p.tiers.x: unlimited excludes max_events, window, calendar, burst and delay"},
 		{"near_limit above one", `{"near_limit":2,"rate_limits":{"p":{"max_events":1,"window":"1s"}}}`,
 			"near_limit: 2: want a fraction above 0 and at most 1"},
 		{"policy near_limit negative", `{"rate_limits":{"p":{"max_events":1,"window":"1s","near_limit":-0.5}}}`,

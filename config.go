@@ -68,6 +68,16 @@ type PolicyConfig struct {
 	// Capacity of a token_bucket or gcra bucket. Default: max_events.
 	Burst int64 `json:"burst,omitempty"`
 
+	// For token_bucket and gcra: the longest a request waits for its turn
+	// instead of getting a 429. A request the bucket would deny, but whose
+	// turn comes within this, has its turn reserved at once (fleet-wide,
+	// in the store) and is passed on when it comes; requests pass in the
+	// order of their turns, never faster than the rate. A turn further
+	// away is a 429 whose Retry-After is that turn. Allowed 1ms to 1h; 0
+	// (default) never waits. Tiers and tenant limits that set none, and
+	// runtime overrides, keep it.
+	Delay caddy.Duration `json:"delay,omitempty"`
+
 	// Units one request takes: a non-negative integer (0 charges nothing)
 	// or a placeholder that
 	// resolves to one. Default 1. A placeholder that does not resolve to a
@@ -129,6 +139,10 @@ type LimitConfig struct {
 
 	// Capacity for token_bucket and gcra; default: this max_events.
 	Burst int64 `json:"burst,omitempty"`
+
+	// The longest a request waits for its turn (token_bucket and gcra);
+	// default: the policy's delay.
+	Delay caddy.Duration `json:"delay,omitempty"`
 
 	// No limit at all: such requests never touch the store.
 	Unlimited bool `json:"unlimited,omitempty"`

@@ -44,6 +44,7 @@ const (
 	decisionFailedClosed
 	decisionFallbackAllowed
 	decisionFallbackDenied
+	decisionDelayed
 	numDecisions
 )
 
@@ -55,6 +56,7 @@ var decisionNames = [numDecisions]string{
 	decisionFailedClosed:    "failed_closed",
 	decisionFallbackAllowed: "fallback_allowed",
 	decisionFallbackDenied:  "fallback_denied",
+	decisionDelayed:         "delayed",
 }
 
 // source is the source label of caddy_rate_limit_decision_duration_seconds.
@@ -107,11 +109,21 @@ func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
 }
 
 func newHistogramVec(name, help string, labels ...string) *prometheus.HistogramVec {
+	return newHistogramVecBuckets(name, help, latencyBuckets, labels...)
+}
+
+func newHistogramVecBuckets(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
 	catalog(name, "histogram", labels)
 	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
-		Buckets: latencyBuckets,
+		Buckets: buckets,
 	}, labels)
+}
+
+// delayBuckets spans the waits of `delay`: 5ms to its longest, 1h.
+var delayBuckets = []float64{
+	5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3,
+	1, 2.5, 5, 10, 30, 60, 300, 900, 3600,
 }
 
 func newGauge(name, help string) prometheus.Gauge {
@@ -133,6 +145,7 @@ var collectors = struct {
 	denialsDropped *prometheus.CounterVec
 	nearLimit      *prometheus.CounterVec
 	tenantNear     *prometheus.CounterVec
+	delay          *prometheus.HistogramVec
 }{
 	requests: newCounterVec("requests_total",
 		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
@@ -163,6 +176,9 @@ var collectors = struct {
 	tenantNear: newCounterVec("tenant_near_limit_total",
 		"Like near_limit_total, per tenant for the busiest tenants (metrics_tenants); every other tenant is counted as _other.",
 		"policy", "tenant"),
+	delay: newHistogramVecBuckets("delay_seconds",
+		"How long admitted requests waited for their turn in a policy with a delay, by policy (requests that passed at once are not observed).",
+		delayBuckets, "policy"),
 }
 
 func allCollectors() []prometheus.Collector {
@@ -170,7 +186,7 @@ func allCollectors() []prometheus.Collector {
 		collectors.requests, collectors.duration, collectors.redisCalls,
 		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
 		collectors.tenantRequests, collectors.denialsDropped,
-		collectors.nearLimit, collectors.tenantNear,
+		collectors.nearLimit, collectors.tenantNear, collectors.delay,
 		compatCollectors.declined, compatCollectors.processTime, compatCollectors.keys, compatCollectors.config,
 	}
 }
@@ -254,6 +270,9 @@ type policyMetrics struct {
 	requests [numDecisions]prometheus.Counter
 	duration [numSources]prometheus.Observer
 	near     prometheus.Counter
+	// delay observes the policy's waits; nil for a policy that never
+	// delays (resolved when used, for a runtime override).
+	delay prometheus.Observer
 }
 
 func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis bool) {
@@ -261,6 +280,10 @@ func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis b
 	pm.near = collectors.nearLimit.WithLabelValues(name)
 	for _, d := range []decisionLabel{decisionAllowed, decisionDenied, decisionShadowDenied} {
 		pm.requests[d] = collectors.requests.WithLabelValues(name, decisionNames[d])
+	}
+	if delays(p) {
+		pm.requests[decisionDelayed] = collectors.requests.WithLabelValues(name, decisionNames[decisionDelayed])
+		pm.delay = collectors.delay.WithLabelValues(name)
 	}
 	if !redis {
 		pm.duration[sourceMemory] = collectors.duration.WithLabelValues(name, sourceNames[sourceMemory])
@@ -296,6 +319,31 @@ func (pm *policyMetrics) record(policy string, d decisionLabel, s sourceLabel, s
 	}
 }
 
+// delays reports whether some tenant of p may wait for a turn (shadow
+// limits never make a request wait).
+func delays(p *limiter.Policy) bool {
+	if p.Limit.Delay > 0 && !p.Limit.Shadow {
+		return true
+	}
+	for _, m := range []map[string]limiter.Limit{p.Tiers, p.TenantLimits} {
+		for _, l := range m {
+			if l.Delay > 0 && !l.Shadow {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// observeDelay records the wait of an enforced verdict that waits.
+func (pm *policyMetrics) observeDelay(policy string, wait time.Duration) {
+	o := pm.delay
+	if o == nil {
+		o = collectors.delay.WithLabelValues(policy)
+	}
+	o.Observe(wait.Seconds())
+}
+
 // classify maps a counted verdict to its decision and source labels.
 func classify(v *limiter.Verdict, redis bool) (decisionLabel, sourceLabel) {
 	switch v.Path {
@@ -319,6 +367,8 @@ func classify(v *limiter.Verdict, redis bool) (decisionLabel, sourceLabel) {
 		s = sourceRedis
 	}
 	switch {
+	case v.Result.Allowed && v.Result.Wait > 0 && !v.Limit.Shadow:
+		return decisionDelayed, s
 	case v.Result.Allowed:
 		return decisionAllowed, s
 	case v.Limit.Shadow:
@@ -391,6 +441,9 @@ func (h *Handler) recordDecision(st *requestState, start time.Time) {
 		p := st.policies[i]
 		dec, src := classify(v, m.redis)
 		p.metrics.record(p.label, dec, src, secs)
+		if v.Result.Wait > 0 && v.Enforced() && d.Admitted {
+			p.metrics.observeDelay(p.label, v.Result.Wait)
+		}
 		near := i < len(st.near) && st.near[i]
 		if near {
 			p.metrics.near.Inc()

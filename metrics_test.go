@@ -37,6 +37,7 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_denials_dropped_total":     {"counter", []string{"reason"}},
 		"caddy_rate_limit_near_limit_total":          {"counter", []string{"policy"}},
 		"caddy_rate_limit_tenant_near_limit_total":   {"counter", []string{"policy", "tenant"}},
+		"caddy_rate_limit_delay_seconds":             {"histogram", []string{"policy"}},
 		// caddy-ratelimit's families, without its unbounded key label.
 		"caddy_rate_limit_declined_requests_total": {"counter", []string{"zone"}},
 		"caddy_rate_limit_process_time_seconds":    {"histogram", []string{"zone"}},
@@ -64,7 +65,7 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 			t.Errorf("no collector exports %s", name)
 		}
 	}
-	wantDecisions := []string{"allowed", "denied", "shadow_denied", "failed_open", "failed_closed", "fallback_allowed", "fallback_denied"}
+	wantDecisions := []string{"allowed", "denied", "shadow_denied", "failed_open", "failed_closed", "fallback_allowed", "fallback_denied", "delayed"}
 	if !slices.Equal(decisionNames[:], wantDecisions) {
 		t.Errorf("decisions %v, want %v", decisionNames, wantDecisions)
 	}

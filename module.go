@@ -40,6 +40,7 @@ func init() {
 //	{http.rate_limit.remaining}      units left (-1: unknown)
 //	{http.rate_limit.retry_after}    whole seconds until the request could pass (0 when admitted)
 //	{http.rate_limit.shadow_denied}  comma-separated shadow policies that would have denied
+//	{http.rate_limit.delay}          how long the request waited for its turn (a policy's delay), e.g. 250ms; 0s when it did not
 //
 // Each denial also emits the event rate_limit_exceeded.
 type Handler struct {
@@ -156,6 +157,8 @@ type Handler struct {
 	overrides *fleet.OverrideTable
 	// peers is the handler's hold on its distributed exchange, or nil.
 	peers *peerAttachment
+	// cleanedUp: Cleanup has run.
+	cleanedUp bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -313,13 +316,24 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 }
 
 // Cleanup lets go of the shared stores and backend; the last handler to
-// do so closes them. Every error is reported.
+// do so closes them. Every error is reported. It may be called more than
+// once.
+//
+// The fields requests read (store, stack, backend, denials) keep their
+// values: a request still in flight, one that waits for its turn across a
+// config reload above all, keeps using them without a data race, and
+// finds them released: a closed lease cache decides by its store, a
+// released denial stream drops what it is given, and a refund to a Redis
+// client closed meanwhile fails (and is logged).
 func (h *Handler) Cleanup() error {
+	if h.cleanedUp {
+		return nil
+	}
+	h.cleanedUp = true
 	var errs []error
 	unregisterHandler(h)
 	if h.denials != nil {
 		h.denials.Release(h.DenialsStream)
-		h.denials = nil
 	}
 	errs = append(errs, h.cleanupDistributed())
 	if h.storeKey != "" {
@@ -329,21 +343,18 @@ func (h *Handler) Cleanup() error {
 	if h.stack != nil {
 		// Before the backend goes: the give-backs need its client.
 		errs = append(errs, h.stack.Close())
-		h.stack = nil
 	}
 	if h.attachment != nil {
 		h.attachment.Detach()
-		h.attachment = nil
 	}
 	if h.backend != nil {
 		errs = append(errs, h.backend.Release())
-		h.backend = nil
 	}
 	if h.fallbackKey != "" {
 		_, err := embeddedStores.Delete(h.fallbackKey)
 		errs = append(errs, err)
 	}
-	h.storeKey, h.fallbackKey, h.store = "", "", nil
+	h.storeKey, h.fallbackKey = "", ""
 	h.cleanupMetrics()
 	return errors.Join(errs...)
 }
@@ -419,6 +430,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			h.chargeZones(r.Context(), st)
 		}
 		return h.deny(w, r, repl, st, shown)
+	}
+	if st.wait > 0 {
+		if err := h.waitTurn(r, st); err != nil {
+			return err
+		}
 	}
 	if d.HoldsSlots() {
 		// Deferred after putRequestState, so it runs first: the slots go

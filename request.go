@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -70,6 +71,11 @@ type requestState struct {
 	// near flags the verdicts that left their tenant near its limit
 	// (markNearLimit).
 	near []bool
+	// wait is how long the admitted request waits for its turn (report).
+	wait time.Duration
+	// timer times the wait; kept with the state, so a request that waits
+	// allocates none.
+	timer *time.Timer
 }
 
 var requestStates = sync.Pool{New: func() any { return new(requestState) }}
@@ -80,7 +86,20 @@ func getRequestState() *requestState {
 	s.policies = s.policies[:0]
 	s.shadow = s.shadow[:0]
 	s.near = s.near[:0]
+	s.wait = 0
 	return s
+}
+
+// startTimer returns the state's timer, started to fire after d.
+func (s *requestState) startTimer(d time.Duration) *time.Timer {
+	if s.timer == nil {
+		s.timer = time.NewTimer(d)
+	} else {
+		// A stopped or fired timer: since Go 1.23 Reset leaves no stale
+		// value in its channel.
+		s.timer.Reset(d)
+	}
+	return s.timer
 }
 
 func putRequestState(s *requestState) {

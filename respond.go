@@ -1,6 +1,7 @@
 package tollgate
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -127,10 +128,22 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		placeholder = pick(d, false)
 	}
 	for i := range d.Verdicts {
-		if d.Verdicts[i].ShadowDenied() {
+		v := &d.Verdicts[i]
+		if v.ShadowDenied() {
 			st.shadow = append(st.shadow, st.policies[i].name)
-			h.logShadowDenial(st.policies[i], &st.items[i], &d.Verdicts[i])
+			h.logShadowDenial(st.policies[i], &st.items[i], v)
+		} else if v.Limit.Shadow && v.Result.Wait > 0 {
+			h.logShadowDelay(st.policies[i], &st.items[i], v)
 		}
+	}
+	st.wait = d.Wait()
+	if st.wait > 0 {
+		repl.Set("http.rate_limit.delay", st.wait)
+		if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
+			extra.Add(zap.Duration("rate_limit_delay", st.wait))
+		}
+	} else {
+		repl.Set("http.rate_limit.delay", zeroDelayValue)
 	}
 	if len(st.shadow) > 0 {
 		if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
@@ -343,10 +356,11 @@ var errMissingTenant = errors.New("rate limit: request has no tenant (missing_te
 
 // Boxed once: repl.Set of a constant would allocate per request.
 var (
-	unknownValue any = int64(-1)
-	zeroValue    any = int64(0)
-	oneValue     any = int64(1)
-	emptyValue   any = ""
+	unknownValue   any = int64(-1)
+	zeroValue      any = int64(0)
+	oneValue       any = int64(1)
+	emptyValue     any = ""
+	zeroDelayValue any = time.Duration(0)
 )
 
 // denyMissingTenant answers 429 for a request without tenant identity.
@@ -362,6 +376,7 @@ func (h *Handler) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer)
 	repl.Set("http.rate_limit.remaining", zeroValue)
 	repl.Set("http.rate_limit.retry_after", oneValue)
 	repl.Set("http.rate_limit.shadow_denied", emptyValue)
+	repl.Set("http.rate_limit.delay", zeroDelayValue)
 	w.Header().Set("Retry-After", "1")
 	h.logger.Debug("rate limit: no tenant", zap.String("template", h.Tenant))
 	return caddyhttp.Error(http.StatusTooManyRequests, errMissingTenant)
@@ -373,6 +388,46 @@ func (h *Handler) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter
 		ce.Write(h.decisionFields(make([]zap.Field, 0, 7), p, it, v, retryAfterSeconds(v.Result.RetryAfter))...)
 	}
 }
+
+// logShadowDelay writes the INFO line of a shadow would-delay: the
+// request passes at once, the policy's bucket took its turn.
+func (h *Handler) logShadowDelay(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
+	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit would delay"); ce != nil {
+		fields := make([]zap.Field, 0, 8)
+		fields = append(fields, zap.Duration("delay", v.Result.Wait))
+		ce.Write(h.decisionFields(fields, p, it, v, 0)...)
+	}
+}
+
+// waitTurn holds an admitted request until its turn, the latest of its
+// policies' turns (st.wait), in the request's own goroutine: a waiting
+// request holds a timer and nothing else. A client that goes away
+// meanwhile gives its turn back (limiter.Decision.Cancel), so a later
+// request can have it, and the request ends with status 499 (client
+// closed request, as reverse_proxy reports it). A config reload does not
+// cut the wait short: the request passes at its turn through the handler
+// chain it started in.
+func (h *Handler) waitTurn(r *http.Request, st *requestState) error {
+	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit: waiting for a turn"); ce != nil {
+		ce.Write(zap.Duration("delay", st.wait))
+	}
+	t := st.startTimer(st.wait)
+	select {
+	case <-t.C:
+		return nil
+	case <-r.Context().Done():
+		t.Stop()
+	}
+	err := st.decision.Cancel(context.WithoutCancel(r.Context()))
+	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit: client went away while waiting for its turn; turn given back"); ce != nil {
+		ce.Write(zap.Duration("delay", st.wait), zap.Error(err))
+	}
+	return caddyhttp.Error(statusClientClosedRequest, fmt.Errorf("rate limit: client went away while waiting %s for its turn", st.wait))
+}
+
+// statusClientClosedRequest is the status of a request whose client went
+// away before it was answered (nginx's 499, which Caddy uses too).
+const statusClientClosedRequest = 499
 
 // decisionFields appends a verdict's log fields to fields. Privacy: keys
 // (which may be API keys or addresses) are logged only with log_key, as in

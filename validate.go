@@ -205,6 +205,9 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 	if err := checkBurst(sub(path, "burst"), pc.Burst, alg); err != nil {
 		return nil, err
 	}
+	if err := checkDelay(sub(path, "delay"), pc.Delay, alg); err != nil {
+		return nil, err
+	}
 	if err := checkCost(sub(path, "cost"), pc.Cost); err != nil {
 		return nil, err
 	}
@@ -281,8 +284,8 @@ func checkLimitConfig(path []string, name string, lc *LimitConfig, alg limiter.A
 	case lc == nil:
 		return at(path, "is null")
 	case lc.Unlimited:
-		if lc.MaxEvents != 0 || lc.Window != 0 || lc.Burst != 0 || lc.Calendar != nil {
-			return at(path, "unlimited excludes max_events, window, calendar and burst")
+		if lc.MaxEvents != 0 || lc.Window != 0 || lc.Burst != 0 || lc.Calendar != nil || lc.Delay != 0 {
+			return at(path, "unlimited excludes max_events, window, calendar, burst and delay")
 		}
 		return nil
 	case lc.MaxEvents == 0:
@@ -295,6 +298,9 @@ func checkLimitConfig(path []string, name string, lc *LimitConfig, alg limiter.A
 		return err
 	}
 	if err := checkCalendar(sub(path, "calendar"), lc.Calendar, time.Duration(lc.Window), alg); err != nil {
+		return err
+	}
+	if err := checkDelay(sub(path, "delay"), lc.Delay, alg); err != nil {
 		return err
 	}
 	return checkBurst(sub(path, "burst"), lc.Burst, alg)
@@ -317,6 +323,18 @@ func checkBurst(path []string, burst int64, alg limiter.Algorithm) error {
 		return at(path, "%v", err)
 	}
 	if err := alg.CheckBurst(burst); err != nil {
+		return at(path, "%v", err)
+	}
+	return nil
+}
+
+// checkDelay checks a delay at path: 0 (none), or limiter.MinDelay to
+// limiter.MaxDelay for an algorithm that hands out turns.
+func checkDelay(path []string, d caddy.Duration, alg limiter.Algorithm) error {
+	if err := limiter.CheckDelay(time.Duration(d)); err != nil {
+		return at(path, "%v", err)
+	}
+	if err := alg.CheckDelay(time.Duration(d)); err != nil {
 		return at(path, "%v", err)
 	}
 	return nil
@@ -418,7 +436,7 @@ func (rc *RedisConfig) validate(path []string) error {
 // buildPolicy converts a validated policy into the engine's form. Tiers
 // and tenant limits default their window to the policy's and their burst
 // to their own limit (not the policy's burst); they inherit the policy's
-// min_interval. A tier or tenant limit is shadow when it says so, when its
+// min_interval, and its delay unless they set their own. A tier or tenant limit is shadow when it says so, when its
 // policy is shadow or when the whole handler is. The fail mode is the
 // policy's, else the handler's.
 func buildPolicy(name string, pc *PolicyConfig, alg limiter.Algorithm, tenantLimits map[string]*LimitConfig, h *Handler) *limiter.Policy {
@@ -432,6 +450,7 @@ func buildPolicy(name string, pc *PolicyConfig, alg limiter.Algorithm, tenantLim
 				Window:      time.Duration(pc.Window),
 				Burst:       pc.Burst,
 				MinInterval: time.Duration(pc.MinInterval),
+				Delay:       time.Duration(pc.Delay),
 			},
 			Shadow: shadow,
 		},
@@ -473,6 +492,10 @@ func convertLimits(m map[string]*LimitConfig, base limiter.Rate, shadow bool) ma
 				Window:      time.Duration(lc.Window),
 				Burst:       lc.Burst,
 				MinInterval: base.MinInterval,
+				Delay:       base.Delay,
+			}
+			if lc.Delay != 0 {
+				l.Delay = time.Duration(lc.Delay)
 			}
 			if cal, _ := lc.Calendar.calendar(); cal != nil { // validated
 				l.Window, l.Calendar = cal.Nominal(), cal

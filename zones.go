@@ -115,7 +115,7 @@ var zoneCharges = sync.Pool{New: func() any { return new(zoneCharge) }}
 // charging each one that admits the request until one denies it. Only
 // policies without all_or_nothing take part (caddy-ratelimit's zones);
 // shadow verdicts never charge a denied request, nor do concurrency slots
-// (they would never be released). The charge is a second store call at a
+// (they would never be released), nor turns of a delay. The charge is a second store call at a
 // later instant, so a concurrent request may have taken what this one
 // would have: then, like a zone that denies, nothing more is charged.
 func (h *Handler) chargeZones(ctx context.Context, st *requestState) {
@@ -148,6 +148,9 @@ func (h *Handler) chargeZones(ctx context.Context, st *requestState) {
 	}
 	cd := &zc.decision
 	cd.Overrides = h.overrides
+	// The request is denied: a zone that could only admit it later (a
+	// delay) must not take a turn nobody will use.
+	cd.NoDelay = true
 	var err error
 	if h.Redis == nil {
 		err = cd.Decide(ctx, h.store, zc.items)

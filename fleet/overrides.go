@@ -147,14 +147,14 @@ func (j overrideWire) parse(now time.Time) (Override, error) {
 }
 
 // Limit converts o into a limit of p: the window defaults to the
-// policy's, min_interval is the policy's, and it is shadow when it or the
-// policy is. An override of a calendar policy keeps the calendar period
+// policy's, min_interval and delay are the policy's, and it is shadow when
+// it or the policy is. An override of a calendar policy keeps the calendar period
 // (the admin API refuses a window for one; a window stored anyway is
 // ignored).
 func (o *Override) Limit(p *limiter.Policy) limiter.Limit {
 	l := limiter.Limit{Unlimited: o.Unlimited, Shadow: o.Shadow || p.Limit.Shadow}
 	if !o.Unlimited {
-		l.Rate = limiter.Rate{Limit: o.MaxEvents, Window: o.Window, Burst: o.Burst, MinInterval: p.Limit.MinInterval}
+		l.Rate = limiter.Rate{Limit: o.MaxEvents, Window: o.Window, Burst: o.Burst, MinInterval: p.Limit.MinInterval, Delay: p.Limit.Delay}
 		if l.Window == 0 || p.Limit.Calendar != nil {
 			l.Window, l.Calendar = p.Limit.Window, p.Limit.Calendar
 		}

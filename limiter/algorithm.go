@@ -84,6 +84,24 @@ func (a Algorithm) CheckBurst(burst int64) error {
 	return nil
 }
 
+// SupportsDelay reports whether a request of a may wait for its turn
+// (Rate.Delay): only a bucket that refills continuously knows when a unit
+// comes back, and can hand out turns ahead of it.
+func (a Algorithm) SupportsDelay() bool { return a == TokenBucket || a == GCRA }
+
+// DelayAlgorithms names the algorithms that SupportsDelay, for error
+// messages.
+const DelayAlgorithms = "token_bucket, gcra"
+
+// CheckDelay reports why a request of a may not wait for its turn, nil
+// when it may or d is 0.
+func (a Algorithm) CheckDelay(d time.Duration) error {
+	if d > 0 && !a.SupportsDelay() {
+		return fmt.Errorf("applies only to %s, not %s (a request can wait for a turn only in a bucket that refills continuously)", DelayAlgorithms, a)
+	}
+	return nil
+}
+
 // CheckMinInterval reports why a may not have a min_interval, nil when it
 // may or d is 0.
 func (a Algorithm) CheckMinInterval(d time.Duration) error {

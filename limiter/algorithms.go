@@ -100,6 +100,12 @@ func (c *Check) validate() error {
 	if err = checkCalendar(r, c.Algorithm); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidCheck, err)
 	}
+	if err = CheckDelay(r.Delay); err != nil {
+		return fmt.Errorf("%w: delay %w", ErrInvalidCheck, err)
+	}
+	if err = c.Algorithm.CheckDelay(r.Delay); err != nil {
+		return fmt.Errorf("%w: delay %w", ErrInvalidCheck, err)
+	}
 	return nil
 }
 
@@ -112,9 +118,11 @@ const neverFitsCost = MaxCount + 1
 func evalAlgorithm(a Algorithm, s bucketState, log *logRing, now int64, r Rate, cost int64) (Result, bucketState) {
 	switch a {
 	case TokenBucket:
-		return tokenBucket(s, now, r, cost)
+		res, next := tokenBucket(s, now, r, cost)
+		return reserveTurn(a, s, now, r, cost, res, next)
 	case GCRA:
-		return gcra(s, now, r, cost)
+		res, next := gcra(s, now, r, cost)
+		return reserveTurn(a, s, now, r, cost, res, next)
 	case FixedWindow:
 		return fixedWindow(s, now, r, cost)
 	case SlidingLog:

@@ -28,6 +28,7 @@ const (
 	opPeek
 	opRelease
 	opReset
+	opRefund
 )
 
 // confStep is one operation at instant at (since baseTime).
@@ -86,6 +87,7 @@ func sameResult(onRedis bool, got, want Result) bool {
 	}
 	want.RetryAfter = ceilMicro(want.RetryAfter)
 	want.Reset = ceilMicro(want.Reset)
+	want.Wait = ceilMicro(want.Wait)
 	return got == want
 }
 
@@ -105,6 +107,8 @@ func runConfScenario(t *testing.T, target confTarget, sc confScenario) {
 			err = s.Release(bgCtx, st.checks)
 		case opReset:
 			err = s.Reset(bgCtx, st.tenant, st.policy)
+		case opRefund:
+			err = s.(Refunder).Refund(bgCtx, st.checks)
 		}
 		if err != nil {
 			t.Fatalf("step %d: %v", i, err)
@@ -433,6 +437,7 @@ func conformanceScenarios() []confScenario {
 	}})
 
 	scs = append(scs, resetScenario(), hostileScenario())
+	scs = append(scs, delayScenarios()...)
 	return scs
 }
 
@@ -548,8 +553,9 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceRandom plays random traffic (multi-check requests over a
-// few buckets of every algorithm, shadows, duplicates, peeks, releases and
-// resets, random time steps) on both stores and compares every answer:
+// few buckets of every algorithm, some token buckets and GCRA buckets
+// handing out turns (Rate.Delay), shadows, duplicates, peeks, releases,
+// refunds and resets, random time steps) on both stores and compares every answer:
 // Allowed, Remaining and admission exactly, durations up to the µs.
 // Rates keep every instant and window a whole number of µs, and GCRA's
 // window a multiple of its limit in µs, where both stores compute the same
@@ -577,6 +583,10 @@ func TestConformanceRandom(t *testing.T) {
 						}
 						if algo == GCRA {
 							r.Window = time.Duration(limit) * time.Duration(1+rng.IntN(20)) * 3 * time.Second
+						}
+						if rng.IntN(2) == 0 {
+							// Turns up to a few units' time away.
+							r.Delay = time.Duration(1+rng.IntN(4)) * (r.Window / time.Duration(limit)).Truncate(time.Millisecond)
 						}
 					case SlidingLog:
 						if rng.IntN(2) == 0 {
@@ -625,7 +635,9 @@ func TestConformanceRandom(t *testing.T) {
 						err = s.Release(bgCtx, held[0])
 					case op == 1:
 						err = s.Reset(bgCtx, checks[0].Tenant, checks[0].Policy)
-					case op < 4:
+					case op == 2:
+						err = s.(Refunder).Refund(bgCtx, checks)
+					case op == 3:
 						err = s.Peek(bgCtx, checks, results[i])
 					default:
 						admitted[i], err = s.Decide(bgCtx, checks, results[i])

@@ -51,6 +51,10 @@ type Decision struct {
 	// override wins over Policy.Resolve (SourceRuntimeOverride). Reset
 	// keeps it. It runs on the hot path: it must be an in-process lookup.
 	Overrides OverrideLookup
+	// NoDelay decides every item as if its limit had no Delay: no request
+	// waits for a turn (a charge made for a request that is denied
+	// anyway). Reset keeps it.
+	NoDelay bool
 
 	checks    []Check
 	results   []Result
@@ -81,12 +85,16 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 			d.Verdicts[i].Result = Result{Allowed: true, Remaining: -1}
 			continue
 		}
+		rate := limit.Rate
+		if d.NoDelay {
+			rate.Delay = 0
+		}
 		d.checks = append(d.checks, Check{
 			Algorithm: it.Policy.Algorithm,
 			Tenant:    it.Tenant,
 			Policy:    it.Policy.Name,
 			Part:      it.Part,
-			Rate:      limit.Rate,
+			Rate:      rate,
 			Cost:      it.Cost,
 			Shadow:    limit.Shadow,
 			// A LeaseStore decides which checks it may lease (never

@@ -25,6 +25,13 @@ const (
 	// nanoseconds, and in Redis microseconds, cannot overflow and keys never
 	// live for years.
 	MaxWindow = 366 * 24 * time.Hour
+	// MinDelay and MaxDelay bound a Rate's Delay (0 is no delay). Redis
+	// counts waits in whole microseconds, and a wait of a few nanoseconds
+	// is no wait; a request held for more than an hour has long been given
+	// up by its client and every proxy in between, and holds its
+	// connection meanwhile.
+	MinDelay = time.Millisecond
+	MaxDelay = time.Hour
 )
 
 // ErrOutOfRange wraps every error of CheckCount and CheckWindow.
@@ -57,5 +64,18 @@ func CheckInterval(d time.Duration) error {
 	return nil
 }
 
-// windowLimitText is MaxWindow as people write it.
-const windowLimitText = "366d"
+// CheckDelay reports whether d is a delay: 0 (none), or MinDelay to
+// MaxDelay.
+func CheckDelay(d time.Duration) error {
+	if d != 0 && (d < MinDelay || d > MaxDelay) {
+		return fmt.Errorf("%s is %w (allowed: %s to %s; 0 never waits)", d, ErrOutOfRange, MinDelay, delayLimitText)
+	}
+	return nil
+}
+
+// windowLimitText and delayLimitText are MaxWindow and MaxDelay as people
+// write them.
+const (
+	windowLimitText = "366d"
+	delayLimitText  = "1h"
+)

@@ -94,6 +94,11 @@ type LeaseOptions struct {
 //   - Denial cache: when a refill is denied, the entry answers every
 //     request locally with the store's results (Retry-After counting down)
 //     until Retry-After has passed; the next request asks the store again.
+//   - Turns (a check with Rate.Delay): a request is never served a turn
+//     from a lease. When a refill is denied, that request and the next
+//     ones until the buckets hold a unit again are decided by the inner
+//     store, which hands out turns; a turn further than the delay is
+//     cached as a denial until it could come within the delay.
 //   - Give back: the sweeper gives back the units of leases that expired
 //     unused; Close gives back every lease. Only a crash strands units: at
 //     most Lease.Max requests' worth per entry and instance.
@@ -172,6 +177,11 @@ type leaseEntry struct {
 	lastSeen                           int64
 	// unleasable: the taker refused these checks; decide them directly.
 	unleasable bool
+	// delay: some check may wait for a turn (Rate.Delay). reserveUntil
+	// (local ns) ends the span in which the buckets hold nothing to lease
+	// and requests go to the inner store for turns.
+	delay        bool
+	reserveUntil int64
 	// dead: forgotten by the store; look the checks up again.
 	dead bool
 
@@ -257,6 +267,7 @@ func appendLeaseKey(b []byte, checks []Check) []byte {
 		b = binary.AppendVarint(b, c.Rate.Limit)
 		b = binary.AppendVarint(b, int64(c.Rate.Window))
 		b = binary.AppendVarint(b, c.Rate.Burst)
+		b = binary.AppendVarint(b, int64(c.Rate.Delay))
 		var cal string
 		if c.Rate.Calendar != nil {
 			cal = c.Rate.Calendar.name
@@ -319,6 +330,7 @@ func (s *LeaseStore) newEntry(key string, checks []Check) *leaseEntry {
 		}
 		e.ttl = min(e.ttl, int64(checks[i].Lease.ttl()))
 		e.counters[i] = s.counters(checks[i].Policy)
+		e.delay = e.delay || checks[i].Rate.Delay > 0
 	}
 	e.prefetchable = prefetchOn && prefetchable(checks)
 	return e
@@ -407,6 +419,10 @@ func (s *LeaseStore) decideEntry(ctx context.Context, e *leaseEntry, checks []Ch
 			}
 			s.count(e, LeaseSpent, 1)
 			return true, false, nil
+		case now < e.reserveUntil:
+			e.mu.Unlock()
+			admitted, err = s.reserve(ctx, e, checks, results, now)
+			return admitted, false, err
 		}
 		f := e.flight
 		if f == nil {
@@ -425,8 +441,42 @@ func (s *LeaseStore) decideEntry(ctx context.Context, e *leaseEntry, checks []Ch
 		now = s.clock.Now().UnixNano()
 		e.mu.Lock()
 	}
-	admitted, err = s.refill(ctx, e, checks, results, now)
+	admitted, reserve, err := s.refill(ctx, e, checks, results, now)
+	if reserve {
+		admitted, err = s.reserve(ctx, e, checks, results, now)
+	}
 	return admitted, false, err
+}
+
+// reserve decides a request of an entry with a delay whose buckets hold
+// nothing to lease: by the inner store, which may hand it a turn. A turn
+// too far away is cached as a denial until the moment it could come
+// within the delay (until then the store would deny it too).
+func (s *LeaseStore) reserve(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (bool, error) {
+	admitted, err := s.inner.Decide(ctx, checks, results)
+	if err != nil {
+		return false, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if admitted {
+		var wait time.Duration
+		for i := range checks {
+			wait = max(wait, results[i].Wait)
+		}
+		e.reserveUntil = max(e.reserveUntil, now+int64(wait))
+		return true, nil
+	}
+	var until time.Duration
+	for i := range checks {
+		if r := &results[i]; !r.Allowed && !checks[i].Shadow {
+			until = max(until, r.RetryAfter-checks[i].Rate.Delay)
+		}
+	}
+	copy(e.base, results[:len(checks)])
+	e.baseAt = now
+	e.deniedUntil = now + int64(until)
+	return false, nil
 }
 
 // prefetch tops up e's lease while units are left, so that a busy entry's
@@ -477,8 +527,9 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 }
 
 // refill takes a new lease for e and serves the calling request from it.
-// Called with e.mu held; returns with it released.
-func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (bool, error) {
+// Called with e.mu held; returns with it released. reserve means the
+// refill was denied and e has a delay: decide the request with reserve.
+func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (admitted, reserve bool, err error) {
 	f := &leaseFlight{done: make(chan struct{})}
 	e.flight = f
 	req := LeaseRequest{
@@ -509,14 +560,14 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 			e.mu.Unlock()
 			admitted, err := s.inner.Decide(ctx, checks, results)
 			e.mu.Lock()
-			return admitted, err
+			return admitted, false, err
 		}
 		if IsTimeout(err) {
 			// The store may have run the call: what it took is lost.
 			s.count(e, LeaseLost, req.Want)
 		}
 		f.err = err
-		return false, err
+		return false, false, err
 	}
 	s.count(e, LeaseReturned, req.GiveBack)
 	copy(e.base, results[:len(checks)])
@@ -528,11 +579,17 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 				wait = max(wait, e.base[i].RetryAfter)
 			}
 		}
-		e.deniedUntil = now + int64(wait)
 		for i := range results[:len(checks)] {
 			results[i].From = OriginStore
 		}
-		return false, nil
+		if e.delay {
+			// The request may get a turn from the store, and so may the
+			// next ones until the buckets hold a unit again.
+			e.reserveUntil = now + int64(wait)
+			return false, true, nil
+		}
+		e.deniedUntil = now + int64(wait)
+		return false, false, nil
 	}
 	s.count(e, LeaseAcquired, g.Requests)
 	s.count(e, LeaseSpent, 1)
@@ -544,7 +601,7 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 		results[i].Remaining += e.units * checks[i].Cost
 		results[i].From = OriginStore
 	}
-	return true, nil
+	return true, false, nil
 }
 
 // fill writes the results of a request served locally.
@@ -635,12 +692,12 @@ func (s *LeaseStore) forget(match func(*leaseEntry) bool) {
 			e.mu.Lock()
 			if e.flight == nil {
 				s.count(e, LeaseExpired, e.units)
-				e.units, e.deniedUntil, e.dead = 0, 0, true
+				e.units, e.deniedUntil, e.reserveUntil, e.dead = 0, 0, 0, true
 				delete(sh.m, k)
 			} else {
 				// Refilling: keep the entry, lose what it holds.
 				s.count(e, LeaseExpired, e.units)
-				e.units, e.deniedUntil = 0, 0
+				e.units, e.deniedUntil, e.reserveUntil = 0, 0, 0
 			}
 			e.mu.Unlock()
 		}

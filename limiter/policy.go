@@ -128,5 +128,11 @@ func (p *Policy) validateLimit(l Limit) error {
 	if err := checkCalendar(l.Rate, p.Algorithm); err != nil {
 		return fmt.Errorf("calendar: %w", err)
 	}
+	if err := CheckDelay(l.Delay); err != nil {
+		return fmt.Errorf("delay: %w", err)
+	}
+	if err := p.Algorithm.CheckDelay(l.Delay); err != nil {
+		return fmt.Errorf("delay: %w", err)
+	}
 	return nil
 }

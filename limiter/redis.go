@@ -434,6 +434,10 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 		sc.args = append(sc.args[:0], nowArg, strconv.FormatInt(at, 10))
 	}
 	keys := sc.appendCheckArgs(checks, idx)
+	turns := handsOutTurns(script)
+	if turns {
+		sc.setDelayArgs(checks, idx)
+	}
 	if hasCalendar(checks, idx) {
 		sc.appendCalendarArgs(checks, idx, s.gatewayNow())
 	}
@@ -441,7 +445,11 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 	if err != nil {
 		return false, 0, err
 	}
-	return parseReply(reply, idx, results)
+	admitted, at, err := parseReply(reply, idx, results)
+	if turns && err == nil {
+		takeWaits(idx, results)
+	}
+	return admitted, at, err
 }
 
 // appendCheckArgs appends the arguments of the checks idx to sc.args and

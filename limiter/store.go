@@ -21,6 +21,12 @@ type Rate struct {
 	// period (days, ISO weeks or months of a time zone) instead of per
 	// Window; Window is then the calendar's Nominal (see CalendarRate).
 	Calendar *Calendar
+	// Delay is the longest a request may wait for its turn instead of
+	// being denied (TokenBucket and GCRA only; 0: never wait). A request
+	// the bucket would deny, but that it holds within Delay, is admitted
+	// with its turn reserved: it is charged at once (the bucket goes into
+	// debt) and its Result says how long to Wait. See reserveTurn.
+	Delay time.Duration
 }
 
 // Capacity is the most units the bucket can hold: Burst when set, else Limit.
@@ -64,6 +70,10 @@ type Result struct {
 	// Reset is how long until the bucket has more quota than Remaining;
 	// zero when it is already full.
 	Reset time.Duration
+	// Wait is, for a check admitted with a reserved turn (Rate.Delay), how
+	// long until that turn: the request must wait that long before it
+	// passes. Zero when it may pass at once, and when not allowed.
+	Wait time.Duration
 	// From says who answered: the store itself, a local lease or the local
 	// denial cache (see LeaseStore).
 	From Origin

@@ -11,7 +11,8 @@
 --          min_interval_us, cost, shadow ("1"/"0")
 --
 -- Returns {admitted (1/0), now_us, then per check: allowed (1/0),
--- remaining, retry_after_us, reset_us}.
+-- remaining, retry_after_us, reset_us}. An allowed check with
+-- retry_after_us > 0 waits that long for its turn (delay.lua).
 --
 -- Semantics (limiter.Store): every check is evaluated at the same instant,
 -- in order; two checks of one key are chained, the second seeing the first

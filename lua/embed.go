@@ -2,7 +2,8 @@
 //
 // Each algorithm lives in its own file (token_bucket.lua, gcra.lua,
 // sliding_window.lua, fixed_window.lua, sliding_log.lua, concurrency.lua,
-// and calendar.lua: fixed_window over calendar periods)
+// calendar.lua: fixed_window over calendar periods, and delay.lua:
+// token_bucket and gcra with requests that wait for their turn)
 // as a table of pure functions that mirror the Go functions of package
 // limiter, in microseconds. The scripts that Redis runs are assembled from
 // them: common.lua (shared helpers), every algorithm file, then an entry
@@ -32,6 +33,8 @@ var (
 	concurrency string
 	//go:embed calendar.lua
 	calendar string
+	//go:embed delay.lua
+	delay string
 	//go:embed decide.lua
 	decide string
 	//go:embed refund.lua
@@ -44,8 +47,9 @@ var (
 	heartbeat string
 )
 
-// algorithms is common.lua followed by every algorithm file.
-var algorithms = common + tokenBucket + gcra + slidingWindow + fixedWindow + slidingLog + concurrency + calendar
+// algorithms is common.lua followed by every algorithm file (delay.lua:
+// token_bucket and gcra requests that may wait for their turn).
+var algorithms = common + tokenBucket + gcra + slidingWindow + fixedWindow + slidingLog + concurrency + calendar + delay
 
 // The assembled scripts.
 var (

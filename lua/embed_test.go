@@ -19,6 +19,8 @@ func TestAssembly(t *testing.T) {
 			"ALGORITHMS.sliding_log = function()",
 			"ALGORITHMS.concurrency = function()",
 			"ALGORITHMS.calendar = function()",
+			"ALGORITHMS.token_bucket_delay = with_delay(",
+			"ALGORITHMS.gcra_delay = with_delay(",
 		} {
 			i := strings.Index(src, part)
 			if i < 0 || i < last {
