@@ -126,6 +126,15 @@ var delayBuckets = []float64{
 	1, 2.5, 5, 10, 30, 60, 300, 900, 3600,
 }
 
+// newGaugeFunc is a gauge read when scraped: state that lives elsewhere
+// (a released backend then stops counting by itself).
+func newGaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {
+	catalog(name, "gauge", nil)
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
+	}, f)
+}
+
 func newGauge(name, help string) prometheus.Gauge {
 	catalog(name, "gauge", nil)
 	return prometheus.NewGauge(prometheus.GaugeOpts{
@@ -140,7 +149,7 @@ var collectors = struct {
 	redisCalls     *prometheus.CounterVec
 	redisDuration  *prometheus.HistogramVec
 	leaseUnits     *prometheus.CounterVec
-	breakerOpen    prometheus.Gauge
+	breakerOpen    prometheus.GaugeFunc
 	tenantRequests *prometheus.CounterVec
 	denialsDropped *prometheus.CounterVec
 	nearLimit      *prometheus.CounterVec
@@ -162,8 +171,14 @@ var collectors = struct {
 	leaseUnits: newCounterVec("lease_units_total",
 		"Units of leased quota, by policy and lease event.",
 		"policy", "event"),
-	breakerOpen: newGauge("breaker_open",
-		"1 while the Redis circuit breaker is open, else 0."),
+	breakerOpen: newGaugeFunc("breaker_open",
+		"1 while the Redis circuit breaker of a connection in use is open, else 0.",
+		func() float64 {
+			if fleet.AnyBreakerOpen() {
+				return 1
+			}
+			return 0
+		}),
 	tenantRequests: newCounterVec("tenant_requests_total",
 		"Rate-limit decisions of the busiest tenants (metrics_tenants); every other tenant is counted as _other.",
 		"policy", "tenant", "decision"),
@@ -217,9 +232,6 @@ func (metricsObserver) RedisCall(script, result string, d time.Duration) {
 	observeRedis(script, result, d)
 }
 
-// BreakerOpen implements fleet.Observer.
-func (metricsObserver) BreakerOpen(open bool) { setBreakerOpen(open) }
-
 // DenialsDropped implements fleet.Observer.
 func (metricsObserver) DenialsDropped(reason string, n int) {
 	collectors.denialsDropped.WithLabelValues(reason).Add(float64(n))
@@ -242,16 +254,6 @@ func observeLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
 	}
 	if ev < limiter.NumLeaseEvents && units > 0 {
 		v.(*[limiter.NumLeaseEvents]prometheus.Counter)[ev].Add(float64(units))
-	}
-}
-
-// setBreakerOpen sets caddy_rate_limit_breaker_open, for the breaker's
-// state-change callback.
-func setBreakerOpen(open bool) {
-	if open {
-		collectors.breakerOpen.Set(1)
-	} else {
-		collectors.breakerOpen.Set(0)
 	}
 }
 

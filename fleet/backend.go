@@ -93,6 +93,20 @@ type Backend struct {
 // backends holds the shared Backends by options.
 var backends pool[*Backend]
 
+// AnyBreakerOpen reports whether the breaker of any backend in use is
+// open: the process-wide state a single gauge can show. A released
+// backend no longer counts, whatever its breaker's last state.
+func AnyBreakerOpen() bool {
+	backends.mu.Lock()
+	defer backends.mu.Unlock()
+	for _, it := range backends.items {
+		if it.v.store.Open() {
+			return true
+		}
+	}
+	return false
+}
+
 // Acquire returns the shared Backend of opts, creating it (and its client)
 // on first use. Release it when done.
 func Acquire(opts BackendOptions) (*Backend, error) {
@@ -222,9 +236,6 @@ func (b *Backend) dropped(reason string, n int) {
 // breakerChanged logs one line per breaker transition (never per request)
 // and reports it. It runs under the breaker's lock: no store calls.
 func (b *Backend) breakerChanged(open bool, err error) {
-	if o := b.users.observe(); o != nil {
-		o.BreakerOpen(open)
-	}
 	if open {
 		err = b.client.dials.explain(err, max(time.Second, 2*b.opts.Connection.Timeout))
 		b.logger.Warn("rate limit store unreachable ("+FailureCause(err)+"): circuit breaker open, deciding by fail mode",

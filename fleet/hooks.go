@@ -16,8 +16,6 @@ type Observer interface {
 	// RedisCall is one Redis script round trip: the script, how it ended
 	// ("ok", "error", "timeout", "noscript") and how long it took.
 	RedisCall(script, result string, d time.Duration)
-	// BreakerOpen is called when the circuit breaker opens or closes.
-	BreakerOpen(open bool)
 	// DenialsDropped counts denials that did not reach the denial stream,
 	// by reason (see DropReasons).
 	DenialsDropped(reason string, n int)
