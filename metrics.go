@@ -135,13 +135,6 @@ func newGaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {
 	}, f)
 }
 
-func newGauge(name, help string) prometheus.Gauge {
-	catalog(name, "gauge", nil)
-	return prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
-	})
-}
-
 // collectors are the process-wide collectors.
 var collectors = struct {
 	requests       *prometheus.CounterVec
