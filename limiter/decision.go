@@ -60,6 +60,11 @@ type Decision struct {
 	results   []Result
 	counted   []int // index in Verdicts of each check
 	decidedBy Store // the store that holds the charges, for Release
+
+	// Settle's scratch: the delta of each check, and the checks rescaled
+	// for the fallback store.
+	settleDeltas []int64
+	settleChecks []Check
 }
 
 // Reset empties d for reuse.

@@ -1,0 +1,282 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// meteredPolicy is a policy of 100 units per minute.
+func meteredPolicy(name string, algo Algorithm) *Policy {
+	return &Policy{Name: name, Algorithm: algo, FailMode: FailLocal, Limit: Limit{Rate: Rate{Limit: 100, Window: time.Minute}}}
+}
+
+// TestSettleChargeSequence: limit 100 units per minute, 1 unit up front,
+// 30 per response: 4 requests pass (the 4th leaves the bucket 20 units in
+// debt), the 5th is denied with Remaining 0, on both stores and for every
+// algorithm that can be metered. A token bucket pays its debt back by
+// refilling (21 units at 100/min: 12.6s); windows by rolling over.
+func TestSettleChargeSequence(t *testing.T) {
+	for _, target := range conformanceTargets(t) {
+		for _, algo := range []Algorithm{TokenBucket, GCRA, SlidingWindow, FixedWindow, SlidingLog} {
+			t.Run(target.name+"/"+algo.String(), func(t *testing.T) {
+				s, clk := target.new(t)
+				p := meteredPolicy("tokens", algo)
+				items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
+				var d Decision
+				wantRem := []int64{99, 69, 39, 9}
+				for i := range 4 {
+					if err := d.Decide(bgCtx, s, items); err != nil || !d.Admitted {
+						t.Fatalf("request %d: admitted %v, %v", i+1, d.Admitted, err)
+					}
+					if r := d.Verdicts[0].Result.Remaining; r != wantRem[i] {
+						t.Fatalf("request %d: remaining %d, want %d", i+1, r, wantRem[i])
+					}
+					if err := d.Settle(bgCtx, Fallback{}, []int64{30}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := d.Decide(bgCtx, s, items); err != nil || d.Admitted {
+					t.Fatalf("request 5: admitted %v, %v; want a denial (20 units in debt)", d.Admitted, err)
+				}
+				r := d.Verdicts[0].Result
+				if r.Remaining != 0 {
+					t.Errorf("in debt: remaining %d, want 0", r.Remaining)
+				}
+				switch algo {
+				case TokenBucket:
+					// 21 tokens at 0.6s each.
+					if want := ceilMicro(12600 * msec); r.RetryAfter < 12600*msec || r.RetryAfter > want {
+						t.Errorf("retry after %s, want 12.6s", r.RetryAfter)
+					}
+				case FixedWindow:
+					if r.RetryAfter != time.Minute {
+						t.Errorf("retry after %s, want the end of the window", r.RetryAfter)
+					}
+				}
+				// The debt is paid back: a token bucket after 12.6s, a
+				// GCRA bucket as well, windows once their units expire.
+				wait := r.RetryAfter
+				clk.Advance(wait - time.Millisecond)
+				if err := d.Decide(bgCtx, s, items); err != nil || d.Admitted {
+					t.Fatalf("1ms before the debt is paid: admitted %v, %v", d.Admitted, err)
+				}
+				clk.Advance(time.Millisecond)
+				if err := d.Decide(bgCtx, s, items); err != nil || !d.Admitted {
+					t.Fatalf("once the debt is paid (after %s): admitted %v, %v", wait, d.Admitted, err)
+				}
+			})
+		}
+	}
+}
+
+// TestSettleGivesBack: a real cost below the up-front cost gives the
+// difference back to token buckets and GCRA buckets; windows and logs
+// keep the up-front units.
+func TestSettleGivesBack(t *testing.T) {
+	for _, target := range conformanceTargets(t) {
+		for _, tc := range []struct {
+			algo Algorithm
+			want int64
+		}{{TokenBucket, 97}, {GCRA, 97}, {FixedWindow, 90}, {SlidingWindow, 90}, {SlidingLog, 90}} {
+			t.Run(target.name+"/"+tc.algo.String(), func(t *testing.T) {
+				s, _ := target.new(t)
+				p := meteredPolicy("tokens", tc.algo)
+				items := []Item{{Policy: p, Tenant: "t", Cost: 10}}
+				var d Decision
+				if err := d.Decide(bgCtx, s, items); err != nil || !d.Admitted {
+					t.Fatal(d.Admitted, err)
+				}
+				if err := d.Settle(bgCtx, Fallback{}, []int64{3}); err != nil {
+					t.Fatal(err)
+				}
+				c := Check{Algorithm: tc.algo, Tenant: "t", Policy: "tokens", Rate: p.Limit.Rate}
+				if r := mustPeek(t, s, c); r[0].Remaining != tc.want {
+					t.Errorf("remaining %d, want %d", r[0].Remaining, tc.want)
+				}
+			})
+		}
+	}
+}
+
+// TestSettleOnlyMetered: of two policies, only the one with a real cost
+// is settled; a NotMetered item keeps its up-front charge, and a shadow
+// item that allowed is settled like an enforced one.
+func TestSettleOnlyMetered(t *testing.T) {
+	for _, target := range conformanceTargets(t) {
+		t.Run(target.name, func(t *testing.T) {
+			s, _ := target.new(t)
+			reqs := meteredPolicy("requests", FixedWindow)
+			toks := meteredPolicy("tokens", TokenBucket)
+			shadow := &Policy{Name: "shadow", Algorithm: TokenBucket, Limit: Limit{Rate: Rate{Limit: 1000, Window: time.Minute}, Shadow: true}}
+			items := []Item{{Policy: reqs, Tenant: "t", Cost: 1}, {Policy: toks, Tenant: "t", Cost: 1}, {Policy: shadow, Tenant: "t", Cost: 1}}
+			var d Decision
+			for range 2 {
+				if err := d.Decide(bgCtx, s, items); err != nil || !d.Admitted {
+					t.Fatal(d.Admitted, err)
+				}
+				if err := d.Settle(bgCtx, Fallback{}, []int64{NotMetered, 40, 40}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			peek := mustPeek(t, s,
+				Check{Algorithm: FixedWindow, Tenant: "t", Policy: "requests", Rate: reqs.Limit.Rate},
+				Check{Algorithm: TokenBucket, Tenant: "t", Policy: "tokens", Rate: toks.Limit.Rate},
+				Check{Algorithm: TokenBucket, Tenant: "t", Policy: "shadow", Rate: shadow.Limit.Rate})
+			if peek[0].Remaining != 98 || peek[1].Remaining != 20 || peek[2].Remaining != 920 {
+				t.Errorf("remaining %d/%d/%d, want 98 requests, 20 tokens, 920 shadow tokens", peek[0].Remaining, peek[1].Remaining, peek[2].Remaining)
+			}
+			// A request that was denied is never settled.
+			if err := d.Decide(bgCtx, s, []Item{{Policy: toks, Tenant: "t", Cost: 50}}); err != nil || d.Admitted {
+				t.Fatal(d.Admitted, err)
+			}
+			if err := d.Settle(bgCtx, Fallback{}, []int64{1000}); err != nil {
+				t.Fatal(err)
+			}
+			if r := mustPeek(t, s, Check{Algorithm: TokenBucket, Tenant: "t", Policy: "tokens", Rate: toks.Limit.Rate}); r[0].Remaining != 20 {
+				t.Errorf("after a denied request's settle: remaining %d, want 20", r[0].Remaining)
+			}
+		})
+	}
+}
+
+// TestSettleDebtBounded: a real cost far beyond anything (clamped to
+// MaxCount) leaves a bounded debt: a token bucket pays it back within
+// MaxWindow plus its own refill, a window at its end; Redis keys keep a
+// finite TTL.
+func TestSettleDebtBounded(t *testing.T) {
+	for _, target := range conformanceTargets(t) {
+		for _, algo := range []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog} {
+			t.Run(target.name+"/"+algo.String(), func(t *testing.T) {
+				s, _ := target.new(t)
+				p := meteredPolicy("tokens", algo)
+				items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
+				var d Decision
+				if err := d.Decide(bgCtx, s, items); err != nil || !d.Admitted {
+					t.Fatal(d.Admitted, err)
+				}
+				if err := d.Settle(bgCtx, Fallback{}, []int64{1 << 62}); err != nil {
+					t.Fatal(err)
+				}
+				if err := d.Decide(bgCtx, s, items); err != nil || d.Admitted {
+					t.Fatalf("after a huge cost: admitted %v, %v", d.Admitted, err)
+				}
+				r := d.Verdicts[0].Result
+				limit := MaxWindow + 2*time.Minute
+				if r.Remaining != 0 || r.RetryAfter <= 0 || r.RetryAfter > limit {
+					t.Errorf("%+v: want remaining 0 and a retry within %s", r, limit)
+				}
+			})
+		}
+	}
+}
+
+// TestSettleFallback: a request the fallback decided is settled on the
+// fallback store and its extra units recorded; a settle the primary store
+// fails goes to the fallback store too.
+func TestSettleFallback(t *testing.T) {
+	fbStore, _ := newTestStore(t, MemoryOptions{})
+	rec := NewRecorder(RecorderOptions{})
+	fb := Fallback{Store: fbStore, Scale: 1, Recorder: rec}
+	p := meteredPolicy("tokens", TokenBucket)
+	items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
+	var d Decision
+	if err := d.DecideOrFallback(bgCtx, brokenStore{}, fb, items); !errors.Is(err, errUnreachable) || !d.Admitted {
+		t.Fatal(d.Admitted, err)
+	}
+	if err := d.Settle(bgCtx, fb, []int64{30}); err != nil {
+		t.Fatalf("settle on the fallback store: %v", err)
+	}
+	c := Check{Algorithm: TokenBucket, Tenant: "t", Policy: "tokens", Rate: p.Limit.Rate}
+	if r := mustPeek(t, fbStore, c); r[0].Remaining != 70 {
+		t.Errorf("fallback bucket: remaining %d, want 70", r[0].Remaining)
+	}
+	// 1 unit for the admission and 29 for the settlement are recorded.
+	charger := &chargeCounter{}
+	if _, err := rec.Flush(bgCtx, charger); err != nil {
+		t.Fatal(err)
+	}
+	if charger.units != 30 {
+		t.Errorf("recorded %d units, want 30", charger.units)
+	}
+
+	// Decided by the primary store, settled when it has gone away.
+	m, _ := newTestStore(t, MemoryOptions{})
+	if err := d.Decide(bgCtx, m, items); err != nil || !d.Admitted {
+		t.Fatal(d.Admitted, err)
+	}
+	d.decidedBy = failingCharger{m}
+	if err := d.Settle(bgCtx, fb, []int64{11}); !errors.Is(err, errUnreachable) {
+		t.Fatalf("settle with the primary gone: %v, want its error", err)
+	}
+	if r := mustPeek(t, fbStore, c); r[0].Remaining != 60 {
+		t.Errorf("fallback bucket after the primary failed: remaining %d, want 60", r[0].Remaining)
+	}
+	charger.units = 0
+	if _, err := rec.Flush(bgCtx, charger); err != nil || charger.units != 10 {
+		t.Errorf("recorded %d units (%v), want 10", charger.units, err)
+	}
+}
+
+// chargeCounter is a Charger that adds up what it is charged.
+type chargeCounter struct {
+	brokenStore
+	units int64
+}
+
+func (c *chargeCounter) Charge(_ context.Context, checks []Check, charged []int64) error {
+	for i := range checks {
+		c.units += checks[i].Cost
+		charged[i] = checks[i].Cost
+	}
+	return nil
+}
+
+// failingCharger is a store whose charges fail.
+type failingCharger struct{ *MemoryStore }
+
+func (failingCharger) Charge(context.Context, []Check, []int64) error { return errUnreachable }
+
+// TestSettleLease: a settlement is paid from leased units first, so the
+// shared bucket ends exactly where strict decisions would leave it, and
+// the lease stops serving once it is used up by the debt.
+func TestSettleLease(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	f := newLeaseFixture(t, srv, true, 1)
+	p := &Policy{Name: "p", Algorithm: TokenBucket, Lease: Lease{Max: 20, TTL: time.Hour},
+		Limit: Limit{Rate: Rate{Limit: 100, Window: time.Hour}}}
+	items := []Item{{Policy: p, Tenant: "lease-settle", Cost: 1}}
+	var d Decision
+	admitted := 0
+	for i := range 10 {
+		if err := d.Decide(bgCtx, f.lease, items); err != nil {
+			t.Fatal(err)
+		}
+		if !d.Admitted {
+			break
+		}
+		admitted++
+		if err := d.Settle(bgCtx, Fallback{}, []int64{30}); err != nil {
+			t.Fatalf("settle %d: %v", i, err)
+		}
+	}
+	if admitted != 4 {
+		t.Errorf("%d requests admitted, want 4 (100 tokens, 30 each)", admitted)
+	}
+	if err := f.lease.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Everything leased was given back or spent: the shared bucket holds
+	// the debt of 4 x 30 - 100 = 20 tokens.
+	c := Check{Algorithm: TokenBucket, Tenant: "lease-settle", Policy: "p", Rate: p.Limit.Rate}
+	res := mustPeek(t, f.redis, c)
+	if want := 21 * 36 * time.Second; res[0].Remaining != 0 || res[0].Reset < want-time.Second || res[0].Reset > want {
+		t.Errorf("shared bucket %+v, want 0 remaining and the 21st token in %s", res[0], want)
+	}
+	if st := f.lease.Stats()["p"]; st.Spent == 0 {
+		t.Errorf("lease stats %+v: the settlements took nothing from the lease", st)
+	}
+}
