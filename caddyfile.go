@@ -84,6 +84,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //			burst <n>
 //			delay <max_wait>       # token_bucket, gcra: wait for a turn instead of a 429
 //			cost <n|placeholder>
+//			cost_after header <Name> | cost_after json <path>[+<path>...]
 //			min_interval <duration>
 //			tier <tier> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | tier <tier> unlimited
 //			tenant_limit <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | tenant_limit <tenant> unlimited
@@ -247,6 +248,10 @@ var policyBlock = block[*policyState]{
 	{name: "cost", usage: "cost <n|placeholder>", field: "cost", parse: func(p cfParser, ps *policyState) error {
 		s, err := p.word()
 		ps.pc.Cost = Cost(s)
+		return err
+	}},
+	{name: "cost_after", usage: costAfterForms, field: "cost_after", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.CostAfter, err = p.costAfter()
 		return err
 	}},
 	{name: "min_interval", usage: "min_interval <duration>", field: "min_interval", parse: func(p cfParser, ps *policyState) (err error) {

@@ -84,6 +84,14 @@ type PolicyConfig struct {
 	// non-negative integer costs 1.
 	Cost Cost `json:"cost,omitempty"`
 
+	// Charge the real cost of each request once its response is complete,
+	// read from a response header or trailer, or from JSON numbers in the
+	// body (see CostAfterConfig): the request is admitted on its up-front
+	// cost, and the difference is charged (or given back) afterwards. The
+	// bucket may go into debt: later requests are refused (or wait, with
+	// delay) until it has paid the debt back. Not for concurrency.
+	CostAfter *CostAfterConfig `json:"cost_after,omitempty"`
+
 	// For sliding_log: the smallest gap between two admitted requests.
 	MinInterval caddy.Duration `json:"min_interval,omitempty"`
 

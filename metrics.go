@@ -148,6 +148,7 @@ var collectors = struct {
 	nearLimit      *prometheus.CounterVec
 	tenantNear     *prometheus.CounterVec
 	delay          *prometheus.HistogramVec
+	costMissing    *prometheus.CounterVec
 }{
 	requests: newCounterVec("requests_total",
 		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
@@ -187,6 +188,9 @@ var collectors = struct {
 	delay: newHistogramVecBuckets("delay_seconds",
 		"How long admitted requests waited for their turn in a policy with a delay, by policy (requests that passed at once are not observed).",
 		delayBuckets, "policy"),
+	costMissing: newCounterVec("cost_missing_total",
+		"Metered requests (cost_after) whose response gave no valid cost, so only the up-front cost was charged, by policy.",
+		"policy"),
 }
 
 func allCollectors() []prometheus.Collector {
@@ -194,7 +198,7 @@ func allCollectors() []prometheus.Collector {
 		collectors.requests, collectors.duration, collectors.redisCalls,
 		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
 		collectors.tenantRequests, collectors.denialsDropped,
-		collectors.nearLimit, collectors.tenantNear, collectors.delay,
+		collectors.nearLimit, collectors.tenantNear, collectors.delay, collectors.costMissing,
 		compatCollectors.declined, compatCollectors.processTime, compatCollectors.keys, compatCollectors.config,
 	}
 }
@@ -268,6 +272,9 @@ type policyMetrics struct {
 	// delay observes the policy's waits; nil for a policy that never
 	// delays (resolved when used, for a runtime override).
 	delay prometheus.Observer
+	// costMissing counts the policy's metered requests charged only
+	// their up-front cost; nil for a policy that is not metered.
+	costMissing prometheus.Counter
 }
 
 func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis bool) {
@@ -387,6 +394,9 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	names := make([]string, len(h.policies))
 	for i, p := range h.policies {
 		p.metrics.init(i, p.label, p.policy, m.redis)
+		if p.meter != nil {
+			p.metrics.costMissing = collectors.costMissing.WithLabelValues(p.label)
+		}
 		p.initCompat(h.RateLimits[p.name])
 		names[i] = p.label
 	}

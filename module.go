@@ -282,6 +282,7 @@ func (h *Handler) provisionRedis() error {
 func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Policy) error {
 	h.policies = make([]*policyRuntime, 0, len(policies))
 	names := sortedKeys(h.RateLimits) // the order of policies
+	var err error
 	for i, policy := range policies {
 		name := names[i]
 		pc := h.RateLimits[name]
@@ -294,6 +295,10 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 			allOrNothing: pc.AllOrNothing,
 		}
 		rt.near = h.nearFraction(pc)
+		// Validated with the policy: only compiled here.
+		if rt.meter, err = checkCostAfter(sub([]string{"rate_limits", name}, "cost_after"), pc.CostAfter, policy.Algorithm, pc.Cost); err != nil {
+			return err
+		}
 		if n, ok := pc.Cost.constant(); ok {
 			rt.cost = n
 		} else {
@@ -402,6 +407,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		st.items = append(st.items, item)
 		st.policies = append(st.policies, p)
+		st.meters = append(st.meters, p.meter)
+		st.metered = st.metered || p.meter != nil
 	}
 	if len(st.items) == 0 {
 		return next.ServeHTTP(w, r)
@@ -440,6 +447,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// Deferred after putRequestState, so it runs first: the slots go
 		// back when the rest of the chain returns, panics included.
 		defer h.release(r, d)
+	}
+	if st.metered {
+		return h.serveMetered(w, r, next, st)
 	}
 	return next.ServeHTTP(w, r)
 }

@@ -57,7 +57,10 @@ type policyRuntime struct {
 	// policy's own limit for the current period.
 	calendarHeader calendarHeaderCache
 	// near is the near_limit fraction of the policy.
-	near   float64
+	near float64
+	// meter reads the real cost from the response (cost_after); nil when
+	// the policy is not metered.
+	meter  *meter
 	compat compatMetrics
 }
 
@@ -76,6 +79,13 @@ type requestState struct {
 	// timer times the wait; kept with the state, so a request that waits
 	// allocates none.
 	timer *time.Timer
+	// meters has the cost_after of each item's policy (nil when not
+	// metered); metered is set when any is. real and the writer are the
+	// settlement's scratch (see serveMetered).
+	meters  []*meter
+	metered bool
+	real    []int64
+	writer  meteredWriter
 }
 
 var requestStates = sync.Pool{New: func() any { return new(requestState) }}
@@ -86,6 +96,8 @@ func getRequestState() *requestState {
 	s.policies = s.policies[:0]
 	s.shadow = s.shadow[:0]
 	s.near = s.near[:0]
+	s.meters = s.meters[:0]
+	s.metered = false
 	s.wait = 0
 	return s
 }
@@ -105,6 +117,7 @@ func (s *requestState) startTimer(d time.Duration) *time.Timer {
 func putRequestState(s *requestState) {
 	// Drop references to request data before pooling.
 	clear(s.items)
+	clear(s.meters)
 	s.decision.Reset()
 	requestStates.Put(s)
 }

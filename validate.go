@@ -211,6 +211,12 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 	if err := checkCost(sub(path, "cost"), pc.Cost); err != nil {
 		return nil, err
 	}
+	if _, err := checkCostAfter(sub(path, "cost_after"), pc.CostAfter, alg, pc.Cost); err != nil {
+		return nil, err
+	}
+	if pc.CostAfter != nil && h.Distributed != nil && h.Redis == nil {
+		return nil, at(sub(path, "cost_after"), "not with distributed, whose counts are approximate; use a redis block")
+	}
 	if err := limiter.CheckInterval(time.Duration(pc.MinInterval)); err != nil {
 		return nil, at(sub(path, "min_interval"), "%v", err)
 	}

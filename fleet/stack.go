@@ -80,6 +80,15 @@ func (s *Stack) Decide(ctx context.Context, d *limiter.Decision, items []limiter
 	return d.DecideOrFallback(ctx, s.store, fb, items)
 }
 
+// Settle settles the real costs of a request d decided (see
+// limiter.Decision.Settle): on Redis (paid from this stack's leases
+// first), or on the fallback store while Redis fails, recorded for
+// recovery.
+func (s *Stack) Settle(ctx context.Context, d *limiter.Decision, real []int64) error {
+	fb := limiter.Fallback{Store: s.fallback, Scale: s.b.fallbackScale(), Recorder: s.b.rec}
+	return d.Settle(ctx, fb, real)
+}
+
 // Store is the store requests are decided by (with the leases in front).
 func (s *Stack) Store() limiter.Store { return s.store }
 

@@ -1,0 +1,394 @@
+package tollgate
+
+import (
+	"bufio"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// llmUpstream is a small fake of a metered API. Every path reports the
+// cost given in ?tokens=N its own way:
+//
+//	/json/...     an OpenAI-style chat completion (usage.total_tokens)
+//	/sse/...      a streamed completion: chunks, a usage chunk, [DONE]
+//	/header/...   the X-Tokens response header
+//	/trailer/...  the X-Tokens trailer, after the body
+//	/gzip/...     the JSON completion, gzip-compressed
+//	/text/...     the JSON completion served as text/plain
+//	/v1/chat/completions  OpenAI-compatible: streams when the request
+//	              body says "stream": true, with a usage chunk when it asks
+//	              for stream_options.include_usage
+//
+// sseBody and jsonBody give what it sends, so tests can compare the bytes
+// the client got.
+type llmUpstream struct {
+	addr string
+	// gate is received from before each SSE event after the first of a
+	// ?gated request (a test paces the stream with it).
+	gate chan struct{}
+	// served counts the responses started.
+	served atomic.Int64
+}
+
+func jsonBody(tokens int) string {
+	return fmt.Sprintf(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello \"there\" {usage}"},"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`, tokens/3, tokens-tokens/3, tokens)
+}
+
+// sseEvents are the events of a streamed completion of tokens tokens;
+// withUsage adds the usage chunk.
+func sseEvents(tokens int, withUsage bool) []string {
+	ev := []string{
+		"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+		"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"}}]}\n\n",
+		": keep-alive\n\n",
+		"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world \\\"usage\\\": 999\"},\"finish_reason\":\"stop\"}]}\n\n",
+	}
+	if withUsage {
+		ev = append(ev, fmt.Sprintf("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", tokens/3, tokens-tokens/3, tokens))
+	}
+	return append(ev, "data: [DONE]\n\n")
+}
+
+func sseBody(tokens int) string { return strings.Join(sseEvents(tokens, true), "") }
+
+func newLLMUpstream(t *testing.T) *llmUpstream {
+	t.Helper()
+	u := &llmUpstream{gate: make(chan struct{})}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.addr = l.Addr().String()
+	srv := &http.Server{Handler: http.HandlerFunc(u.serve)}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return u
+}
+
+func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
+	u.served.Add(1)
+	tokens, _ := strconv.Atoi(r.URL.Query().Get("tokens"))
+	kind, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	switch kind {
+	case "json":
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, jsonBody(tokens))
+	case "text":
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, jsonBody(tokens))
+	case "gzip":
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		io.WriteString(zw, jsonBody(tokens))
+		zw.Close()
+	case "header":
+		// ?raw=v sends v as is; without tokens, no header at all.
+		if v := r.URL.Query().Get("raw"); v != "" {
+			w.Header().Set("X-Tokens", v)
+		} else if r.URL.Query().Has("tokens") {
+			w.Header().Set("X-Tokens", strconv.Itoa(tokens))
+		}
+		io.WriteString(w, "done")
+	case "trailer":
+		w.Header().Set("Trailer", "X-Tokens")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "done")
+		w.Header().Set("X-Tokens", strconv.Itoa(tokens))
+	case "sse":
+		gated := r.URL.Query().Has("gated")
+		u.stream(w, r, sseEvents(tokens, true), gated)
+	case "v1":
+		var req struct {
+			Stream        bool `json:"stream"`
+			StreamOptions struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if tokens == 0 {
+			tokens = 7000
+		}
+		if req.Stream {
+			u.stream(w, r, sseEvents(tokens, req.StreamOptions.IncludeUsage), false)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, jsonBody(tokens))
+	case "big":
+		u.big(w, r, tokens)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// stream writes events as a text/event-stream, flushing each one; gated,
+// it waits for u.gate before each event after the first.
+func (u *llmUpstream) stream(w http.ResponseWriter, r *http.Request, events []string, gated bool) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	for i, ev := range events {
+		if i > 0 && gated {
+			select {
+			case <-u.gate:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if _, err := io.WriteString(w, ev); err != nil {
+			return
+		}
+		_ = rc.Flush()
+	}
+}
+
+// bigChunk is 32 KiB of text that never holds a usage value.
+var bigChunk = strings.Repeat("lorem ipsum dolor sit amet, \\\"usage\\\" 12345 ", 32*1024/44+1)[:32*1024]
+
+// big streams a JSON completion whose content is 50 MiB, usage at the end,
+// slowly enough that the proxy cannot hold it all at once.
+func (u *llmUpstream) big(w http.ResponseWriter, _ *http.Request, tokens int) {
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"choices":[{"message":{"content":"`)
+	rc := http.NewResponseController(w)
+	for i := range 50 * 32 {
+		if _, err := io.WriteString(w, bigChunk); err != nil {
+			return
+		}
+		if i%64 == 0 {
+			_ = rc.Flush()
+		}
+	}
+	fmt.Fprintf(w, `"}}],"usage":{"total_tokens":%d}}`, tokens)
+}
+
+// meteredSite is a site with one metered route per source of the fake
+// upstream: limit 100 tokens an hour per tenant, 1 up front.
+func meteredSite(upstream, algorithm string) string {
+	var b strings.Builder
+	b.WriteString("\thandle /metrics {\n\t\tmetrics\n\t}\n")
+	for _, src := range []struct{ path, costAfter string }{
+		{"json", "json usage.total_tokens"},
+		{"sse", "json usage.total_tokens"},
+		{"header", "header X-Tokens"},
+		{"trailer", "header X-Tokens"},
+		{"gzip", "json usage.total_tokens"},
+		{"text", "json usage.total_tokens"},
+		{"big", "json usage.total_tokens"},
+	} {
+		fmt.Fprintf(&b, `
+	route /%[1]s/* {
+		rate_limit {
+			tenant {http.request.header.X-Tenant}
+			policy m_%[1]s {
+				algorithm %[4]s
+				limit 100
+				window 1h
+				cost_after %[2]s
+			}
+		}
+		reverse_proxy %[3]s
+	}
+`, src.path, src.costAfter, upstream, algorithm)
+	}
+	return b.String()
+}
+
+// TestMeteredChargeSequence: limit 100 tokens, 30 per response, whatever
+// the response reports them by: 4 requests pass (the 4th leaves the
+// bucket 20 tokens in debt), the 5th is refused with nothing remaining;
+// bodies reach the client byte for byte.
+func TestMeteredChargeSequence(t *testing.T) {
+	up := newLLMUpstream(t)
+	for _, algo := range []string{"token_bucket", "fixed_window", "sliding_window"} {
+		t.Run(algo, func(t *testing.T) {
+			s := startCaddy(t, "", meteredSite(up.addr, algo), nil)
+			want := map[string]string{"json": jsonBody(30), "sse": sseBody(30), "header": "done", "trailer": "done"}
+			for _, src := range []string{"json", "sse", "header", "trailer"} {
+				tenant := "seq-" + src
+				for i := 1; i <= 5; i++ {
+					res := s.get("/"+src+"/x?tokens=30", "X-Tenant", tenant)
+					if i <= 4 {
+						if res.status != 200 || res.body != want[src] {
+							t.Fatalf("%s request %d: status %d body %q, want 200 and the upstream's bytes", src, i, res.status, res.body)
+						}
+						if rem, wantRem := res.header.Get("X-Ratelimit-Remaining"), strconv.Itoa(100-1-30*(i-1)); rem != wantRem {
+							t.Errorf("%s request %d: remaining %s, want %s (1 up front, 29 settled per response)", src, i, rem, wantRem)
+						}
+						continue
+					}
+					if res.status != http.StatusTooManyRequests || res.header.Get("X-Ratelimit-Remaining") != "0" || res.header.Get("Retry-After") == "" {
+						t.Errorf("%s request 5: status %d remaining %q retry-after %q, want a 429 with 0 remaining", src, res.status, res.header.Get("X-Ratelimit-Remaining"), res.header.Get("Retry-After"))
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestMeteredCostMissing: a compressed body, a body that is not JSON, a
+// missing header and malformed values charge the up-front cost only and
+// are counted in cost_missing_total; a cost of 0 is a valid cost.
+func TestMeteredCostMissing(t *testing.T) {
+	up := newLLMUpstream(t)
+	s := startCaddy(t, "", meteredSite(up.addr, "fixed_window"), nil)
+	before := scrapeMetrics(t, s.base+"/metrics")
+	for _, c := range []struct {
+		path, tenant string
+		missing      bool
+	}{
+		{"/gzip/x?tokens=30", "gzip", true},
+		{"/text/x?tokens=30", "text", true},
+		{"/header/x", "none", true},
+		{"/header/x?raw=abc", "abc", true},
+		{"/header/x?raw=-5", "negative", true},
+		{"/header/x?raw=1.5", "fraction", true},
+		{"/header/x?tokens=0", "zero", false},
+	} {
+		for i := 1; i <= 10; i++ {
+			if res := s.get(c.path, "X-Tenant", c.tenant); res.status != 200 {
+				t.Fatalf("%s request %d: status %d", c.path, i, res.status)
+			}
+		}
+		// Every request was charged its 1 unit up front (a window keeps
+		// it when the real cost is 0).
+		if got := s.get(c.path, "X-Tenant", c.tenant).header.Get("X-Ratelimit-Remaining"); got != "89" {
+			t.Errorf("%s: remaining %s after 11 requests, want 89 (1 unit each)", c.path, got)
+		}
+	}
+	after := scrapeMetrics(t, s.base+"/metrics")
+	for _, c := range []struct {
+		policy string
+		want   float64
+	}{{"m_gzip", 11}, {"m_text", 11}, {"m_header", 44}} {
+		if got := after.value("caddy_rate_limit_cost_missing_total", "policy", c.policy) - before.value("caddy_rate_limit_cost_missing_total", "policy", c.policy); got != c.want {
+			t.Errorf("cost_missing_total{policy=%q} grew by %v, want %v", c.policy, got, c.want)
+		}
+	}
+}
+
+// TestMeteredStreams: the events of a streamed response reach the client
+// as the upstream sends them (the next one is sent only once the client
+// has read the previous one), and a client that goes away after the
+// usage event is charged what it saw.
+func TestMeteredStreams(t *testing.T) {
+	up := newLLMUpstream(t)
+	up.gate = make(chan struct{})
+	s := startCaddy(t, "", meteredSite(up.addr, "token_bucket"), nil)
+
+	read := func(ctx context.Context, tenant string, events int) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/sse/x?tokens=30&gated", nil)
+		req.Header.Set("X-Tenant", tenant)
+		res, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		br := bufio.NewReader(res.Body)
+		want := sseEvents(30, true)
+		for i := range events {
+			var got strings.Builder
+			for !strings.HasSuffix(got.String(), "\n\n") {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("event %d: %v after %q", i, err, got.String())
+				}
+				got.WriteString(line)
+			}
+			if got.String() != want[i] {
+				t.Fatalf("event %d: %q, want %q", i, got.String(), want[i])
+			}
+			if i+1 < events {
+				select {
+				case up.gate <- struct{}{}:
+				case <-time.After(5 * time.Second):
+					t.Fatalf("the upstream did not ask for event %d", i+1)
+				}
+			}
+		}
+	}
+	// All events, one at a time: each reached the client before the
+	// upstream sent the next.
+	all := len(sseEvents(30, true))
+	read(context.Background(), "stream-all", all)
+
+	// Gone right after the usage event (the 5th of 6): charged 30.
+	ctx, cancel := context.WithCancel(context.Background())
+	read(ctx, "stream-gone", 5)
+	cancel()
+	// The settlement follows the end of the proxied request; a request
+	// that costs 0 in the end shows the bucket in its header.
+	var rem string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if rem = s.get("/sse/x?tokens=0", "X-Tenant", "stream-gone").header.Get("X-Ratelimit-Remaining"); rem == "69" {
+			break
+		}
+	}
+	if rem != "69" {
+		t.Errorf("after a client left past the usage event: remaining %s, want 69 (30 charged, then 1 up front)", rem)
+	}
+}
+
+// TestMeteredBigBodyMemoryFlat: a 50 MiB JSON body streams through with
+// its usage at the very end: the client gets every byte, the cost is
+// charged, and the process's heap does not grow with the body.
+func TestMeteredBigBodyMemoryFlat(t *testing.T) {
+	up := newLLMUpstream(t)
+	s := startCaddy(t, "", meteredSite(up.addr, "token_bucket"), nil)
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapAlloc
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var m runtime.MemStats
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			runtime.ReadMemStats(&m)
+			if m.HeapAlloc > peak.Load() {
+				peak.Store(m.HeapAlloc)
+			}
+		}
+	}()
+	req, _ := http.NewRequest(http.MethodGet, s.base+"/big/x?tokens=30", nil)
+	req.Header.Set("X-Tenant", "big")
+	res, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	close(stop)
+	<-done
+	if err != nil || n < 50<<20 {
+		t.Fatalf("read %d bytes (%v), want the whole 50 MiB body", n, err)
+	}
+	growth := int64(peak.Load()) - int64(base)
+	t.Logf("heap: base %d MiB, peak %d MiB during the 50 MiB stream", base>>20, peak.Load()>>20)
+	if growth > 24<<20 {
+		t.Errorf("heap grew by %d MiB while streaming 50 MiB: the body is being held", growth>>20)
+	}
+	if rem := s.get("/big/x?tokens=0", "X-Tenant", "big").header.Get("X-Ratelimit-Remaining"); rem != "69" {
+		t.Errorf("after the 50 MiB response: remaining %s, want 69", rem)
+	}
+}
