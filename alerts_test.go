@@ -49,12 +49,13 @@ var (
 
 // requiredAlerts are the situations the rules must cover.
 var requiredAlerts = map[string]string{
-	"TollgateTenantNearLimit": "caddy_rate_limit_tenant_near_limit_total",
-	"TollgatePolicyNearLimit": "caddy_rate_limit_near_limit_total",
-	"TollgateDenialShareHigh": "caddy_rate_limit_requests_total",
-	"TollgateFailMode":        "caddy_rate_limit_requests_total",
-	"TollgateBreakerOpen":     "caddy_rate_limit_breaker_open",
-	"TollgateRedisErrors":     "caddy_rate_limit_redis_calls_total",
+	"TollgateTenantNearLimit":    "caddy_rate_limit_tenant_near_limit_total",
+	"TollgatePolicyNearLimit":    "caddy_rate_limit_near_limit_total",
+	"TollgateDenialShareHigh":    "caddy_rate_limit_requests_total",
+	"TollgateFailMode":           "caddy_rate_limit_requests_total",
+	"TollgateBreakerOpen":        "caddy_rate_limit_breaker_open",
+	"TollgateRedisErrors":        "caddy_rate_limit_redis_calls_total",
+	"TollgateMeteredCostMissing": "caddy_rate_limit_cost_missing_total",
 }
 
 // TestAlertRules: dashboards/alerts.yml is a valid Prometheus rule file

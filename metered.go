@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"math"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -229,11 +228,6 @@ func bodyFormat(ct string) usage.Format {
 		return usage.JSON
 	case mt == "text/event-stream":
 		return usage.SSE
-	case mt == "":
-		return 0
-	}
-	if parsed, _, err := mime.ParseMediaType(ct); err == nil && parsed == "application/json" {
-		return usage.JSON
 	}
 	return 0
 }

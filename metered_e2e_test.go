@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/caddyserver/caddy/v2"
 	"io"
 	"net"
 	"net/http"
@@ -83,7 +84,12 @@ func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	switch kind {
 	case "json":
 		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, jsonBody(tokens))
+		body := jsonBody(tokens)
+		if pad, _ := strconv.Atoi(r.URL.Query().Get("pad")); pad > 0 {
+			// A longer answer: compressible past encode's minimum length.
+			body = strings.Replace(body, `"Hello`, `"`+strings.Repeat("la ", pad)+`Hello`, 1)
+		}
+		io.WriteString(w, body)
 	case "text":
 		w.Header().Set("Content-Type", "text/plain")
 		io.WriteString(w, jsonBody(tokens))
@@ -390,5 +396,138 @@ func TestMeteredBigBodyMemoryFlat(t *testing.T) {
 	}
 	if rem := s.get("/big/x?tokens=0", "X-Tenant", "big").header.Get("X-Ratelimit-Remaining"); rem != "69" {
 		t.Errorf("after the 50 MiB response: remaining %s, want 69", rem)
+	}
+}
+
+// TestMeteredWithEncode: in a site with encode, ordering rate_limit after
+// it (as the docs say) reads the body before it is compressed: the client
+// gets gzip, and the tokens are charged. (Without the order, every request
+// passes: the body is read compressed, so its cost is missing.)
+func TestMeteredWithEncode(t *testing.T) {
+	up := newLLMUpstream(t)
+	globals := "\torder rate_limit after encode\n\tlog {\n\t\toutput discard\n\t}"
+	s := startCaddy(t, globals, `
+	encode gzip
+	rate_limit {
+		tenant {http.request.header.X-Tenant}
+		policy enc {
+			algorithm token_bucket
+			limit 100
+			window 1h
+			cost_after json usage.total_tokens
+		}
+	}
+	reverse_proxy `+up.addr, nil)
+	var got []int
+	for range 5 {
+		res := s.get("/json/x?tokens=30&pad=400", "X-Tenant", "enc", "Accept-Encoding", "gzip")
+		if res.status == 200 && res.header.Get("Content-Encoding") != "gzip" {
+			t.Fatalf("Content-Encoding %q, want gzip: the example must compress", res.header.Get("Content-Encoding"))
+		}
+		got = append(got, res.status)
+	}
+	if fmt.Sprint(got) != "[200 200 200 200 429]" {
+		t.Errorf("statuses %v, want 4 admitted then 429 (30 tokens each of 100)", got)
+	}
+}
+
+// TestReadmeLLMExample runs the README's LLM example as written (auth and
+// upstream addresses replaced by fakes): an OpenAI-compatible upstream
+// that reports 7000 tokens per answer, streamed or not. 20 000 tokens a
+// minute: 3 answers pass, the 4th request gets a 429 until 1001 tokens
+// have refilled; the day's quota and the admin API show the 21 000
+// tokens; a stream without include_usage is charged 1 token and counted
+// as missing.
+func TestReadmeLLMExample(t *testing.T) {
+	block := docBlockWith(t, "tokens_per_day", "reverse_proxy localhost:8000")
+	up := newLLMUpstream(t)
+	auth := fakeAuth(t, map[string]string{"alice": "free", "bob": "free"})
+	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	s := &caddyServer{t: t, port: freePort(t), admin: admin}
+	s.base = fmt.Sprintf("http://127.0.0.1:%d", s.port)
+	caddyMu.Lock()
+	t.Cleanup(caddyMu.Unlock)
+	t.Cleanup(func() { _ = caddy.Stop() })
+	_, rest, _ := strings.Cut(strings.TrimSpace(block), " {")
+	src := fmt.Sprintf("{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\toutput discard\n\t}\n}\n\n%s {%s\n", admin, s.base, rest)
+	src = strings.NewReplacer("auth:9000", auth, "localhost:8000", up.addr).Replace(src)
+	if err := caddy.Load(adaptCaddyfile(t, src), true); err != nil {
+		t.Fatalf("loading: %v\n%s", err, src)
+	}
+	testClient.CloseIdleConnections()
+	waitListening(t, s.port)
+
+	chat := func(user string, stream, usage bool) response {
+		t.Helper()
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}]`
+		if stream {
+			body += `,"stream":true`
+			if usage {
+				body += `,"stream_options":{"include_usage":true}`
+			}
+		}
+		req, _ := http.NewRequest(http.MethodPost, s.base+"/v1/chat/completions", strings.NewReader(body+"}"))
+		req.Header.Set("Authorization", "Bearer "+user)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Tenant-Id", "bob") // spoofing: overwritten by forward_auth
+		res, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return response{status: res.StatusCode, header: res.Header, body: string(b)}
+	}
+	if r := chat("alice", false, false); r.status != 200 || r.body != jsonBody(7000) {
+		t.Fatalf("answer 1: %d %q", r.status, r.body)
+	}
+	if r := chat("alice", true, true); r.status != 200 || r.body != strings.Join(sseEvents(7000, true), "") {
+		t.Fatalf("streamed answer 2: %d %q", r.status, r.body)
+	}
+	if r := chat("alice", true, true); r.status != 200 {
+		t.Fatalf("answer 3: %d", r.status)
+	}
+	r := chat("alice", false, false)
+	if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") != "4" || !strings.Contains(r.header.Get("RateLimit"), `"tokens_per_minute";r=0`) {
+		t.Errorf("request 4: status %d Retry-After %q RateLimit %q; want a 429 for 1001 tokens at 20000/min (4s), r=0",
+			r.status, r.header.Get("Retry-After"), r.header.Get("RateLimit"))
+	}
+	for range 5 {
+		if r := chat("bob", true, false); r.status != 200 {
+			t.Fatalf("bob: %d", r.status)
+		}
+	}
+
+	usage := func(tenant string) map[string]int64 {
+		t.Helper()
+		res, err := testClient.Get("http://" + admin + "/rate_limit/usage?tenant=" + tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var u struct {
+			Policies []struct {
+				Policy    string `json:"policy"`
+				Remaining int64  `json:"remaining"`
+			} `json:"policies"`
+		}
+		if err := json.NewDecoder(res.Body).Decode(&u); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for _, p := range u.Policies {
+			got[p.Policy] = p.Remaining
+		}
+		return got
+	}
+	if got := usage("alice"); got["tokens_per_day"] != 1_000_000-21_000 || got["tokens_per_minute"] != 0 {
+		t.Errorf("alice's usage %v, want 979000 tokens left today and none this minute", got)
+	}
+	// A day is a fixed window: exact whenever it is read.
+	if got := usage("bob"); got["tokens_per_day"] != 1_000_000-5 {
+		t.Errorf("bob's usage after 5 streams without usage: %v, want 999995 tokens left today (1 each)", got)
 	}
 }

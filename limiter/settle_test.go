@@ -280,3 +280,33 @@ func TestSettleLease(t *testing.T) {
 		t.Errorf("lease stats %+v: the settlements took nothing from the lease", st)
 	}
 }
+
+// TestSettleDebtDelays: a bucket in debt makes a request wait for its
+// turn when the turn comes within the policy's delay, and denies it
+// otherwise.
+func TestSettleDebtDelays(t *testing.T) {
+	for _, tc := range []struct {
+		delay time.Duration
+		wait  time.Duration // 0: denied
+	}{{10 * time.Second, 0}, {15 * time.Second, 12600 * msec}} {
+		m, _ := newTestStore(t, MemoryOptions{})
+		p := &Policy{Name: "tokens", Algorithm: TokenBucket, Limit: Limit{Rate: Rate{Limit: 100, Window: time.Minute, Delay: tc.delay}}}
+		items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
+		var d Decision
+		for range 4 {
+			if err := d.Decide(bgCtx, m, items); err != nil || !d.Admitted || d.Wait() != 0 {
+				t.Fatal(d.Admitted, d.Wait(), err)
+			}
+			if err := d.Settle(bgCtx, Fallback{}, []int64{30}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// 20 tokens of debt: the next token is 21 tokens away, 12.6s.
+		if err := d.Decide(bgCtx, m, items); err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Wait(); d.Admitted != (tc.wait > 0) || got != tc.wait {
+			t.Errorf("delay %s: admitted %v, wait %s; want wait %s (0: denied)", tc.delay, d.Admitted, got, tc.wait)
+		}
+	}
+}
