@@ -54,7 +54,7 @@ func TestDocsNameRealFiles(t *testing.T) {
 				continue
 			}
 			found := false
-			for _, dir := range []string{"limiter", "fleet", "lua", "internal/topk", "internal/redistest", "scripts", "bench", "dashboards", "cmd/caddy"} {
+			for _, dir := range []string{"limiter", "fleet", "lua", "internal/topk", "internal/redistest", "internal/usage", "scripts", "bench", "dashboards", "cmd/caddy"} {
 				if _, err := os.Stat(dir + "/" + name); err == nil {
 					found = true
 					break
