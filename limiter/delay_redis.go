@@ -67,7 +67,8 @@ func (s *RedisStore) Refund(ctx context.Context, checks []Check) error {
 	if multi {
 		groups = sc.groups()
 	}
-	results := make([]Result, len(refund))
+	sc.results = resizeSlice(sc.results, len(refund))
+	results := sc.results
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	for _, g := range groups {

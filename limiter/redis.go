@@ -204,6 +204,8 @@ type redisScratch struct {
 	args  []any
 	all   []int   // 0..n-1
 	cal   []int64 // period boundaries of the calendar checks (appendCalendarArgs)
+	// results receives the replies of Charge and Refund.
+	results []Result
 	// inFlight: a batch may still send args (its caller gave up).
 	inFlight bool
 }
@@ -376,7 +378,7 @@ func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64
 	if len(charged) < len(checks) {
 		return errShortResults
 	}
-	valid := make([]int, 0, len(checks))
+	valid := 0
 	for i := range checks {
 		charged[i] = -1
 		if checks[i].validate() != nil {
@@ -384,21 +386,24 @@ func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64
 			charged[i] = ChargeRefused
 			continue
 		}
-		valid = append(valid, i)
+		valid++
 	}
-	if len(valid) == 0 {
+	if valid == 0 {
 		return nil
 	}
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
-	results := make([]Result, len(checks))
+	sc.results = resizeSlice(sc.results, len(checks))
+	results := sc.results
 	groups := [][]int{sc.all}
 	if multi {
 		groups = sc.groups()
 	}
 	for _, g := range groups {
-		g = slices.DeleteFunc(slices.Clone(g), func(i int) bool { return charged[i] == ChargeRefused })
+		if valid < len(checks) {
+			g = slices.DeleteFunc(slices.Clone(g), func(i int) bool { return charged[i] == ChargeRefused })
+		}
 		if len(g) == 0 {
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"sync"
 )
 
 // Metered costs. Some requests cost what their response says: LLM tokens,
@@ -128,35 +129,53 @@ func settleOn(ctx context.Context, store Store, checks []Check, deltas []int64) 
 	if ls, ok := store.(*LeaseStore); ok {
 		return ls.settle(ctx, checks, deltas)
 	}
-	var debit, refund []Check
+	sc := settleScratches.Get().(*settleScratch)
+	defer sc.put()
 	for i := range checks {
 		switch c, delta := checks[i], deltas[i]; {
 		case delta == noDelta || delta == 0:
 		case delta > 0:
 			c.Rate = debtRate(c.Algorithm, c.Rate)
 			c.Cost, c.Shadow = delta, false
-			debit = append(debit, c)
+			sc.debit = append(sc.debit, c)
 		default:
 			c.Cost = -delta
 			if refundable(&c) {
-				refund = append(refund, c)
+				sc.refund = append(sc.refund, c)
 			}
 		}
 	}
-	var errs []error
-	if len(debit) > 0 {
+	var derr, rerr error
+	if len(sc.debit) > 0 {
 		ch, ok := store.(Charger)
 		if !ok {
 			return ErrNoCharge
 		}
-		errs = append(errs, ch.Charge(ctx, debit, make([]int64, len(debit))))
+		sc.charged = resizeSlice(sc.charged, len(sc.debit))
+		derr = ch.Charge(ctx, sc.debit, sc.charged)
 	}
-	if len(refund) > 0 {
+	if len(sc.refund) > 0 {
 		if rf, ok := store.(Refunder); ok {
-			errs = append(errs, rf.Refund(ctx, refund))
+			rerr = rf.Refund(ctx, sc.refund)
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(derr, rerr)
+}
+
+// settleScratch is settleOn's working memory, pooled.
+type settleScratch struct {
+	debit, refund []Check
+	charged       []int64
+}
+
+var settleScratches = sync.Pool{New: func() any { return new(settleScratch) }}
+
+// put returns sc to the pool without keeping the checks' strings alive.
+func (sc *settleScratch) put() {
+	clear(sc.debit)
+	clear(sc.refund)
+	sc.debit, sc.refund = sc.debit[:0], sc.refund[:0]
+	settleScratches.Put(sc)
 }
 
 // settle implements settleOn for a lease cache. When the request's checks
