@@ -491,8 +491,10 @@ func TestReadmeLLMExample(t *testing.T) {
 		t.Fatalf("answer 3: %d", r.status)
 	}
 	r := chat("alice", false, false)
-	if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") != "4" || !strings.Contains(r.header.Get("RateLimit"), `"tokens_per_minute";r=0`) {
-		t.Errorf("request 4: status %d Retry-After %q RateLimit %q; want a 429 for 1001 tokens at 20000/min (4s), r=0",
+	// 1001 tokens at 20000/min is 3.003s, less what refilled since the
+	// 3rd answer (a loaded machine takes a while): 3 or 4 whole seconds.
+	if ra := r.header.Get("Retry-After"); r.status != http.StatusTooManyRequests || (ra != "4" && ra != "3") || !strings.Contains(r.header.Get("RateLimit"), `"tokens_per_minute";r=0`) {
+		t.Errorf("request 4: status %d Retry-After %q RateLimit %q; want a 429 for 1001 tokens at 20000/min (3.003s: 4, or 3 after a refill), r=0",
 			r.status, r.header.Get("Retry-After"), r.header.Get("RateLimit"))
 	}
 	for range 5 {
