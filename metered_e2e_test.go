@@ -174,8 +174,10 @@ func (u *llmUpstream) big(w http.ResponseWriter, _ *http.Request, tokens int) {
 		if _, err := io.WriteString(w, bigChunk); err != nil {
 			return
 		}
-		if i%64 == 0 {
+		if i%32 == 0 {
+			// Slow: 50 pauses, so the answer streams for a while.
 			_ = rc.Flush()
+			time.Sleep(2 * time.Millisecond)
 		}
 	}
 	fmt.Fprintf(w, `"}}],"usage":{"total_tokens":%d}}`, tokens)
