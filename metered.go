@@ -1,9 +1,11 @@
 package tollgate
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -106,15 +108,18 @@ type meter struct {
 // parseCostAfter reads `cost_after header <Name>` or `cost_after json
 // <path>[+<path>...]`.
 func (p cfParser) costAfter() (*CostAfterConfig, error) {
-	args, err := p.args(2, 2)
+	args, err := p.args(2, -1)
 	if err != nil {
 		return nil, err
 	}
-	switch args[0] {
-	case "header":
+	switch {
+	case args[0] == "header" && len(args) == 2:
 		return &CostAfterConfig{Header: args[1]}, nil
-	case "json":
-		return &CostAfterConfig{JSON: args[1]}, nil
+	case args[0] == "json":
+		// "usage.a + usage.b" arrives as three arguments.
+		return &CostAfterConfig{JSON: strings.Join(args[1:], " ")}, nil
+	case args[0] == "header":
+		return nil, p.dirErr("wrong number of arguments (%d); usage: %s", len(args), costAfterForms)
 	}
 	return nil, p.dirErr("%q: unknown source (allowed: header, json); usage: %s", args[0], costAfterForms)
 }
@@ -125,6 +130,7 @@ const (
 	missingCompressed = "compressed"     // a Content-Encoding other than identity
 	missingNotJSON    = "not json"       // a body of another media type
 	missingNoResponse = "no response"    // the chain wrote nothing (an error is answered later)
+	missingBodiless   = "no body"        // HEAD, 204, 304 or an upgrade: no body to read
 	missingBadNumber  = "invalid number" // the header is not a non-negative integer
 )
 
@@ -144,6 +150,9 @@ type meteredWriter struct {
 	wroteHeader bool
 	scan        bool
 	skip        string
+	// bodiless: the response has no body by definition (HEAD, 204, 304)
+	// or switched protocols: no cost is expected from it.
+	bodiless bool
 	// headers holds, per verdict, the value of its meter's header when
 	// the response header was written.
 	headers []string
@@ -153,7 +162,7 @@ type meteredWriter struct {
 func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*meter) {
 	w.ResponseWriter = rw
 	w.meters = meters
-	w.wroteHeader, w.scan, w.skip = false, false, ""
+	w.wroteHeader, w.scan, w.skip, w.bodiless = false, false, "", false
 	w.headers = w.headers[:0]
 	for range meters {
 		w.headers = append(w.headers, "")
@@ -179,8 +188,13 @@ func (w *meteredWriter) release() {
 
 // WriteHeader notes the header values and whether the body can be read.
 func (w *meteredWriter) WriteHeader(status int) {
-	if !w.wroteHeader && status >= 200 {
+	switch {
+	case w.wroteHeader:
+	case status == http.StatusSwitchingProtocols:
+		w.bodiless = true
+	case status >= 200:
 		w.wroteHeader = true
+		w.bodiless = w.bodiless || status == http.StatusNoContent || status == http.StatusNotModified
 		w.inspect()
 	}
 	w.ResponseWriter.WriteHeader(status)
@@ -252,7 +266,19 @@ func (w *meteredWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // ReadFrom copies r through Write: the wrapped writer's ReadFrom would
 // bypass the reading.
 func (w *meteredWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.wroteHeader && !w.scan {
+		// Nothing to read on the way: let the writer below copy (sendfile).
+		if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
+			return rf.ReadFrom(r)
+		}
+	}
 	return io.Copy(writerOnly{w}, r)
+}
+
+// Hijack takes over the connection (protocol upgrades).
+func (w *meteredWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	w.bodiless = true
+	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 
 // writerOnly hides every method but Write (io.Copy would call ReadFrom).
@@ -277,6 +303,9 @@ func (w *meteredWriter) cost(i int) (int64, string) {
 	m := w.meters[i]
 	if !w.wroteHeader {
 		return limiter.NotMetered, missingNoResponse
+	}
+	if w.bodiless && m.header == "" {
+		return limiter.NotMetered, missingBodiless
 	}
 	if m.header != "" {
 		hdr := w.ResponseWriter.Header()
@@ -327,6 +356,7 @@ func parseCostValue(v string) (int64, string) {
 func (h *Handler) serveMetered(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) error {
 	mw := &st.writer
 	mw.reset(w, st.meters)
+	mw.bodiless = r.Method == http.MethodHead
 	defer func() {
 		h.settle(r, st, mw)
 		mw.release()
@@ -348,7 +378,7 @@ func (h *Handler) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 		if n < 0 {
 			// Charged only the up-front cost.
 			p := st.policies[i]
-			if why != missingNoResponse && h.metrics != nil {
+			if why != missingNoResponse && why != missingBodiless && h.metrics != nil {
 				p.metrics.costMissing.Inc()
 			}
 			if ce := h.logger.Check(zapcore.DebugLevel, "metered cost missing; charged the up-front cost only"); ce != nil {

@@ -131,7 +131,8 @@ func (p *policyRuntime) matches(r *http.Request) (bool, error) {
 }
 
 // requestCost resolves the cost of r in this policy. A placeholder that
-// does not resolve to an integer, or resolves to a negative one, costs 1.
+// does not resolve to an integer, or resolves to a negative one, costs 1;
+// so does one that resolves to 0 in a metered policy (cost_after).
 // A number beyond limiter.MaxCount (even one too large for an int64) is
 // returned as math.MaxInt64: such a request can never be admitted, and the
 // engine denies it without any fail mode (a client cannot buy its way
@@ -145,6 +146,10 @@ func (p *policyRuntime) requestCost(repl *caddy.Replacer, r *http.Request) int64
 	case errors.Is(err, strconv.ErrRange) && n > 0, err == nil && n > limiter.MaxCount:
 		return math.MaxInt64
 	case err != nil || n < 0:
+		return 1
+	case n == 0 && p.meter != nil:
+		// A metered request is charged at least 1 unit up front: at 0 it
+		// would be a peek, admitted even by a bucket in debt.
 		return 1
 	}
 	return n

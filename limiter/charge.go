@@ -7,7 +7,8 @@ var _ Charger = (*MemoryStore)(nil)
 // Charge implements Charger with the semantics of RedisStore.Charge: each
 // check is charged min(Cost, what its bucket holds) units, in order,
 // whatever the others do (two checks of one bucket are chained);
-// min_interval, delays and shadow flags are ignored and concurrency
+// min_interval (except for the bucket's expiry), delays and shadow flags
+// are ignored and concurrency
 // checks are never charged. charged[i] receives the units charged, or
 // ChargeRefused for an invalid check, which is skipped.
 func (m *MemoryStore) Charge(_ context.Context, checks []Check, charged []int64) error {
@@ -22,7 +23,7 @@ func (m *MemoryStore) Charge(_ context.Context, checks []Check, charged []int64)
 			continue
 		}
 		c := checks[i]
-		c.Shadow, c.Rate.MinInterval, c.Rate.Delay = false, 0, 0
+		c.Shadow, c.Rate.Delay = false, 0
 		forced = append(forced, c)
 		idx = append(idx, i)
 	}
@@ -34,34 +35,21 @@ func (m *MemoryStore) Charge(_ context.Context, checks []Check, charged []int64)
 	m.lock(sc)
 	for i := range forced {
 		c := &forced[i]
-		sh := &m.shards[sc.shard[i]]
 		f := sc.first[i]
-		var base bucketState
-		if f == i {
-			e := sh.m[string(sc.keyOf(i))]
-			if e != nil {
-				sh.refresh(e, now, c)
-				sh.touch(e)
-				base = e.s
-			}
-			sc.ent[i] = e
-		} else {
-			base = sc.cur[f]
-		}
-		var log *logRing
-		if e := sc.ent[f]; e != nil {
-			log = e.log
-		}
+		base, log := m.current(sc, c, i, now)
+		// Decided without min_interval; the bucket keeps it (its TTL).
+		r := c.Rate
+		r.MinInterval = 0
 		var units int64
 		if c.Algorithm != Concurrency {
-			peek, _ := evalAlgorithm(c.Algorithm, base, log, now, c.Rate, 0)
+			peek, _ := evalAlgorithm(c.Algorithm, base, log, now, r, 0)
 			units = min(c.Cost, peek.Remaining)
 		}
 		c.Cost = units
 		sc.charge[i] = false
 		sc.cur[f] = base
 		if units > 0 {
-			if res, next := evalAlgorithm(c.Algorithm, base, log, now, c.Rate, units); res.Allowed {
+			if res, next := evalAlgorithm(c.Algorithm, base, log, now, r, units); res.Allowed {
 				sc.charge[i], sc.next[i], sc.cur[f] = true, next, next
 			} else {
 				units = 0

@@ -220,24 +220,8 @@ func (m *MemoryStore) Decide(_ context.Context, checks []Check, results []Result
 	admitted := true
 	for i := range checks {
 		c := &checks[i]
-		sh := &m.shards[sc.shard[i]]
 		f := sc.first[i]
-		var base bucketState
-		if f == i {
-			e := sh.m[string(sc.keyOf(i))]
-			if e != nil {
-				sh.refresh(e, now, c)
-				sh.touch(e)
-				base = e.s
-			}
-			sc.ent[i] = e
-		} else {
-			base = sc.cur[f]
-		}
-		var log *logRing
-		if e := sc.ent[f]; e != nil {
-			log = e.log
-		}
+		base, log := m.current(sc, c, i, now)
 		res, next := evalAlgorithm(c.Algorithm, base, log, now, c.Rate, c.Cost)
 		results[i] = res
 		sc.charge[i] = res.Allowed && c.Cost > 0
@@ -259,6 +243,32 @@ func (m *MemoryStore) Decide(_ context.Context, checks []Check, results []Result
 	m.unlock(sc)
 	m.putScratch(sc)
 	return admitted, nil
+}
+
+// current returns the state (and log) check i sees, with sc locked: its
+// bucket as stored (refreshed at now) when it is the first check of its
+// key, else the tentative state the earlier checks of the key left in
+// sc.cur.
+func (m *MemoryStore) current(sc *memScratch, c *Check, i int, now int64) (bucketState, *logRing) {
+	f := sc.first[i]
+	var base bucketState
+	if f == i {
+		sh := &m.shards[sc.shard[i]]
+		e := sh.m[string(sc.keyOf(i))]
+		if e != nil {
+			sh.refresh(e, now, c)
+			sh.touch(e)
+			base = e.s
+		}
+		sc.ent[i] = e
+	} else {
+		base = sc.cur[f]
+	}
+	var log *logRing
+	if e := sc.ent[f]; e != nil {
+		log = e.log
+	}
+	return base, log
 }
 
 // charge writes the state of every charged check and makes room in the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"time"
 )
 
 // Metered costs. Some requests cost what their response says: LLM tokens,
@@ -36,22 +37,33 @@ const noDelta = -1 << 63
 
 // debtRate returns r with room for the debt a settlement may leave (see
 // above): a settlement is a forced charge (Charger) against this rate, and
-// a forced charge drives a bucket at most down to its empty. Only the
-// capacity changes, never the refill rate or the window, so the bucket's
-// state and TTL mean the same under both rates.
+// a forced charge drives a bucket at most down to its empty (ignoring
+// min_interval, which still sets the TTL). Only the capacity changes,
+// never the refill rate or the window, so the bucket's state and TTL mean
+// the same under both rates.
 func debtRate(a Algorithm, r Rate) Rate {
-	r.MinInterval, r.Delay = 0, 0
+	r.Delay = 0
 	switch a {
-	case TokenBucket, GCRA:
-		debt := MaxCount
-		if n := int64(MaxWindow / r.Window); n < MaxCount/r.Limit {
-			debt = n * r.Limit
-		}
-		r.Burst = min(MaxCount, r.Capacity()+debt)
+	case TokenBucket:
+		r.Burst = min(MaxCount, r.Capacity()+debtUnits(r, int64(r.Window)/r.Limit))
+	case GCRA:
+		// Redis counts GCRA's interval in whole microseconds: a debt
+		// sized by that interval is repaid within MaxWindow there too.
+		us := int64(time.Microsecond)
+		r.Burst = min(MaxCount, r.Capacity()+debtUnits(r, (gcraInterval(r)+us-1)/us*us))
 	default:
 		r.Limit = MaxCount
 	}
 	return r
+}
+
+// debtUnits is how many units a bucket of r refills in MaxWindow, one per
+// interval ns (at most MaxCount).
+func debtUnits(r Rate, interval int64) int64 {
+	if interval <= 0 {
+		return MaxCount
+	}
+	return min(int64(MaxWindow)/interval, MaxCount)
 }
 
 // Settle charges the real costs of an admitted request whose response is
@@ -73,6 +85,9 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 	if !d.Admitted || d.decidedBy == nil {
 		return nil
 	}
+	if len(d.checks) != len(d.counted) {
+		return errSettleAfterRelease
+	}
 	d.settleDeltas = d.settleDeltas[:0]
 	metered := false
 	for j, i := range d.counted {
@@ -88,10 +103,10 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 		return nil
 	}
 	if fb.Store != nil && d.decidedBy == fb.Store {
-		err := settleOn(ctx, fb.Store, d.checks, d.settleDeltas)
 		d.record(fb, d.checks)
-		return err
+		return settleOn(ctx, fb.Store, d.checks, d.settleDeltas)
 	}
+	// settleOn zeroes the deltas it settled: what is left failed.
 	err := settleOn(ctx, d.decidedBy, d.checks, d.settleDeltas)
 	if err == nil || errors.Is(err, ErrInvalidCheck) || fb.Store == nil {
 		return err
@@ -101,15 +116,18 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 		local[k].Rate = local[k].Rate.scaled(fb.Scale)
 	}
 	d.settleChecks = local
-	ferr := settleOn(ctx, fb.Store, local, d.settleDeltas)
 	d.record(fb, local)
+	ferr := settleOn(ctx, fb.Store, local, d.settleDeltas)
 	if ferr != nil {
 		return fmt.Errorf("%w (and the fallback store failed: %v)", err, ferr)
 	}
 	return err
 }
 
-// record records the units a settlement charged to fb.Store.
+// errSettleAfterRelease: Release compacted the checks Settle needs.
+var errSettleAfterRelease = errors.New("limiter: Settle called after Release")
+
+// record records the positive deltas a settlement charges to fb.Store.
 func (d *Decision) record(fb Fallback, checks []Check) {
 	if fb.Recorder == nil {
 		return
@@ -124,7 +142,8 @@ func (d *Decision) record(fb Fallback, checks []Check) {
 // settleOn settles on store the checks whose delta is not noDelta:
 // positive deltas are forced charges against debtRate (Charger), negative
 // ones refunds (Refunder). A LeaseStore takes what it can from its leases
-// first. deltas may be changed.
+// first. The deltas it settled are set to 0: on error, what is not 0 is
+// what failed.
 func settleOn(ctx context.Context, store Store, checks []Check, deltas []int64) error {
 	if ls, ok := store.(*LeaseStore); ok {
 		return ls.settle(ctx, checks, deltas)
@@ -157,6 +176,13 @@ func settleOn(ctx context.Context, store Store, checks []Check, deltas []int64) 
 	if len(sc.refund) > 0 {
 		if rf, ok := store.(Refunder); ok {
 			rerr = rf.Refund(ctx, sc.refund)
+		}
+	}
+	// Mark what was settled, so that a caller falls back with the rest
+	// only (a charge must not be made twice).
+	for i, delta := range deltas {
+		if (delta > 0 && derr == nil) || (delta < 0 && delta != noDelta && rerr == nil) {
+			deltas[i] = 0
 		}
 	}
 	return errors.Join(derr, rerr)

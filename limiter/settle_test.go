@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -150,27 +151,100 @@ func TestSettleOnlyMetered(t *testing.T) {
 func TestSettleDebtBounded(t *testing.T) {
 	for _, target := range conformanceTargets(t) {
 		for _, algo := range []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog} {
-			t.Run(target.name+"/"+algo.String(), func(t *testing.T) {
-				s, _ := target.new(t)
-				p := meteredPolicy("tokens", algo)
-				items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
-				var d Decision
-				if err := d.Decide(bgCtx, s, items); err != nil || !d.Admitted {
-					t.Fatal(d.Admitted, err)
-				}
-				if err := d.Settle(bgCtx, Fallback{}, []int64{1 << 62}); err != nil {
-					t.Fatal(err)
-				}
-				if err := d.Decide(bgCtx, s, items); err != nil || d.Admitted {
-					t.Fatalf("after a huge cost: admitted %v, %v", d.Admitted, err)
-				}
-				r := d.Verdicts[0].Result
-				limit := MaxWindow + 2*time.Minute
-				if r.Remaining != 0 || r.RetryAfter <= 0 || r.RetryAfter > limit {
-					t.Errorf("%+v: want remaining 0 and a retry within %s", r, limit)
-				}
-			})
+			// 100 a minute, and 10 million a second (an interval below
+			// a microsecond, which Redis rounds up for GCRA).
+			for _, rate := range []Rate{{Limit: 100, Window: time.Minute}, {Limit: 10_000_000, Window: time.Second}} {
+				t.Run(fmt.Sprintf("%s/%s/%d", target.name, algo, rate.Limit), func(t *testing.T) {
+					s, _ := target.new(t)
+					p := &Policy{Name: "tokens", Algorithm: algo, Limit: Limit{Rate: rate}}
+					items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
+					var d Decision
+					if err := d.Decide(bgCtx, s, items); err != nil || !d.Admitted {
+						t.Fatal(d.Admitted, err)
+					}
+					if err := d.Settle(bgCtx, Fallback{}, []int64{1 << 62}); err != nil {
+						t.Fatal(err)
+					}
+					if err := d.Decide(bgCtx, s, items); err != nil || d.Admitted {
+						t.Fatalf("after a huge cost: admitted %v, %v", d.Admitted, err)
+					}
+					r := d.Verdicts[0].Result
+					limit := MaxWindow + rate.Window + time.Second
+					if r.Remaining != 0 || r.RetryAfter <= 0 || r.RetryAfter > limit {
+						t.Errorf("%+v: want remaining 0 and a retry within %s", r, limit)
+					}
+				})
+			}
 		}
+	}
+}
+
+// TestSettleKeysExpire: on Redis, the key a settlement leaves in debt
+// expires when the debt is paid back, at most MaxWindow away, and keeps a
+// sliding log's min_interval.
+func TestSettleKeysExpire(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	s := NewRedisStore(RedisOptions{Client: client, Prefix: "ttl", Timeout: 5 * time.Second})
+	for _, tc := range []struct {
+		algo        Algorithm
+		rate        Rate
+		real        int64
+		least, most time.Duration
+	}{
+		{GCRA, Rate{Limit: 10_000_000, Window: time.Second}, 1 << 62, MaxWindow - time.Hour, MaxWindow + time.Hour},
+		{TokenBucket, Rate{Limit: 10_000_000, Window: time.Second}, 1 << 62, MaxWindow - time.Hour, MaxWindow + time.Hour},
+		{SlidingLog, Rate{Limit: 100, Window: time.Second, MinInterval: 10 * time.Second}, 5, 9 * time.Second, 11 * time.Second},
+	} {
+		p := &Policy{Name: "p", Algorithm: tc.algo, Limit: Limit{Rate: tc.rate}}
+		var d Decision
+		if err := d.Decide(bgCtx, s, []Item{{Policy: p, Tenant: "ttl-" + tc.algo.String(), Cost: 1}}); err != nil || !d.Admitted {
+			t.Fatal(d.Admitted, err)
+		}
+		if err := d.Settle(bgCtx, Fallback{}, []int64{tc.real}); err != nil {
+			t.Fatal(err)
+		}
+		key := string(AppendKey(nil, "ttl", tc.algo, "ttl-"+tc.algo.String(), "p", ""))
+		ttl, err := client.PTTL(bgCtx, key).Result()
+		if err != nil || ttl < tc.least || ttl > tc.most {
+			t.Errorf("%s: key %s TTL %s (%v), want %s to %s", tc.algo, key, ttl, err, tc.least, tc.most)
+		}
+	}
+}
+
+// TestSettleKeepsMinInterval: a settlement does not lose a sliding log's
+// min_interval: the next request still waits for it.
+func TestSettleKeepsMinInterval(t *testing.T) {
+	m, clk := newTestStore(t, MemoryOptions{})
+	p := &Policy{Name: "p", Algorithm: SlidingLog, Limit: Limit{Rate: Rate{Limit: 100, Window: time.Second, MinInterval: 10 * time.Second}}}
+	items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
+	var d Decision
+	if err := d.Decide(bgCtx, m, items); err != nil || !d.Admitted {
+		t.Fatal(d.Admitted, err)
+	}
+	if err := d.Settle(bgCtx, Fallback{}, []int64{5}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Second)
+	if err := d.Decide(bgCtx, m, items); err != nil || d.Admitted {
+		t.Errorf("2s after a settled request: admitted %v (%v), want min_interval (10s) to deny", d.Admitted, err)
+	}
+}
+
+// TestSettleAfterRelease: Settle after Release is an error, not a panic.
+func TestSettleAfterRelease(t *testing.T) {
+	m, _ := newTestStore(t, MemoryOptions{})
+	tok := meteredPolicy("tokens", TokenBucket)
+	conc := &Policy{Name: "c", Algorithm: Concurrency, Limit: Limit{Rate: Rate{Limit: 5}}}
+	var d Decision
+	if err := d.Decide(bgCtx, m, []Item{{Policy: tok, Tenant: "t", Cost: 1}, {Policy: conc, Tenant: "t", Cost: 1}}); err != nil || !d.Admitted {
+		t.Fatal(d.Admitted, err)
+	}
+	if err := d.Release(bgCtx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Settle(bgCtx, Fallback{}, []int64{30, NotMetered}); err == nil {
+		t.Error("Settle after Release: no error")
 	}
 }
 
@@ -276,8 +350,36 @@ func TestSettleLease(t *testing.T) {
 	if want := 21 * 36 * time.Second; res[0].Remaining != 0 || res[0].Reset < want-time.Second || res[0].Reset > want {
 		t.Errorf("shared bucket %+v, want 0 remaining and the 21st token in %s", res[0], want)
 	}
-	if st := f.lease.Stats()["p"]; st.Spent == 0 {
-		t.Errorf("lease stats %+v: the settlements took nothing from the lease", st)
+}
+
+// TestSettlePaidFromLease: a settlement the lease covers takes leased
+// units and makes no Redis call; the shared bucket ends exactly where
+// strict decisions would leave it.
+func TestSettlePaidFromLease(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	f := newLeaseFixture(t, srv, true, 1)
+	p := &Policy{Name: "p", Algorithm: TokenBucket, Lease: Lease{Max: 20, TTL: time.Hour},
+		Limit: Limit{Rate: Rate{Limit: 1000, Window: time.Hour}}}
+	items := []Item{{Policy: p, Tenant: "paid-from-lease", Cost: 1}}
+	var d Decision
+	for range 12 {
+		// Real cost 1: nothing to settle; the lease grows with demand.
+		if err := d.Decide(bgCtx, f.lease, items); err != nil || !d.Admitted {
+			t.Fatal(d.Admitted, err)
+		}
+	}
+	if err := d.Settle(bgCtx, Fallback{}, []int64{4}); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.calls.get("force"); n != 0 {
+		t.Errorf("%d forced charges: want the 3 extra units taken from the lease", n)
+	}
+	if err := f.lease.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c := Check{Algorithm: TokenBucket, Tenant: "paid-from-lease", Policy: "p", Rate: p.Limit.Rate}
+	if r := mustPeek(t, f.redis, c); r[0].Remaining != 1000-12-3 {
+		t.Errorf("shared bucket: remaining %d, want %d (12 requests, 3 settled)", r[0].Remaining, 1000-12-3)
 	}
 }
 
