@@ -58,8 +58,8 @@ http://127.0.0.1:{PORT} {
 `, routes.String())
 }
 
-// scriptCalls is how many scripts Redis ran: EVALSHA and EVAL calls in
-// INFO commandstats.
+// scriptCalls is how many scripts Redis ran: EVALSHA, EVAL and FCALL
+// calls in INFO commandstats.
 func scriptCalls(t *testing.T, c *redis.Client) int64 {
 	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
@@ -69,7 +69,7 @@ func scriptCalls(t *testing.T, c *redis.Client) int64 {
 	var n int64
 	for _, line := range strings.Split(info, "\r\n") {
 		name, stats, ok := strings.Cut(line, ":")
-		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+		if !ok || (name != "cmdstat_evalsha" && name != "cmdstat_eval" && name != "cmdstat_fcall") {
 			continue
 		}
 		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")

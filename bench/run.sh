@@ -88,10 +88,10 @@ CADDY
 	# warm up: connections, buckets, scripts
 	TENANTS=$tenants wrk -t1 -c"$CONNECTIONS" -d2s -s bench/tenants.lua "http://127.0.0.1:$port/" >/dev/null
 	local calls0 evals0 trips0 cpu0 calls1 evals1 trips1 cpu1
-	calls0=$(redis_stat commandstats cmdstat_evalsha); evals0=$(redis_stat commandstats cmdstat_eval)
+	calls0=$(( $(redis_stat commandstats cmdstat_evalsha) + $(redis_stat commandstats cmdstat_fcall) )); evals0=$(redis_stat commandstats cmdstat_eval)
 	trips0=$(redis_stat stats total_writes_processed); cpu0=$(redis_cpu)
 	TENANTS=$tenants wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s bench/tenants.lua "http://127.0.0.1:$port/" >"$work/$name.wrk"
-	calls1=$(redis_stat commandstats cmdstat_evalsha); evals1=$(redis_stat commandstats cmdstat_eval)
+	calls1=$(( $(redis_stat commandstats cmdstat_evalsha) + $(redis_stat commandstats cmdstat_fcall) )); evals1=$(redis_stat commandstats cmdstat_eval)
 	trips1=$(redis_stat stats total_writes_processed); cpu1=$(redis_cpu)
 	kill "$pid"; wait "$pid" 2>/dev/null || true
 	local rps p50 p99 requests non2xx

@@ -134,7 +134,9 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 	b.logger = b.users.newLogger(fallback)
 	timeout := opts.Connection.Timeout
 	b.redis = limiter.NewRedisStore(limiter.RedisOptions{
-		Client:  c,
+		// The go-redis client itself, not its wrapper: the store must see
+		// a *redis.ClusterClient to batch per node and follow slots.
+		Client:  c.UniversalClient,
 		Prefix:  opts.Prefix,
 		Timeout: timeout,
 		Observe: b.observeRedis,
@@ -145,7 +147,7 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 		OnStateChange: b.breakerChanged,
 	})
 	b.reg = limiter.NewRegistry(limiter.RegistryOptions{
-		Client:  c,
+		Client:  c.UniversalClient,
 		Prefix:  opts.Prefix,
 		Timeout: timeout,
 	})

@@ -2,9 +2,13 @@ package fleet
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -31,5 +35,57 @@ func TestAnyBreakerOpen(t *testing.T) {
 	}
 	if AnyBreakerOpen() {
 		t.Fatal("a released backend's open breaker still counts")
+	}
+}
+
+// TestBackendClusterFunctions: on a Redis Cluster the backend's store sees
+// the cluster client (not the shared client's wrapper), so it batches per
+// master and loads the function library on each one: decisions of tenants
+// spread over every master run as FCALL there.
+func TestBackendClusterFunctions(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	var addrs []string
+	for _, n := range cl.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
+	b, err := Acquire(BackendOptions{Connection: Connection{Addresses: addrs, Cluster: true, Timeout: 2 * time.Second}, Prefix: "fn"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	p := &limiter.Policy{Name: "p", Algorithm: limiter.TokenBucket, Limit: limiter.Limit{Rate: limiter.Rate{Limit: 100, Window: time.Minute}}}
+	for i := range 60 {
+		var d limiter.Decision
+		if err := d.Decide(context.Background(), b.Store(), []limiter.Item{{Policy: p, Tenant: fmt.Sprint("tenant-", i), Cost: 1}}); err != nil || !d.Admitted {
+			t.Fatal(d.Admitted, err)
+		}
+	}
+	for _, n := range cl.Nodes() {
+		c := n.Client(t)
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// (The instance heartbeat, once a second, stays a script.)
+		var calls, failed int
+		for _, line := range strings.Split(info, "\r\n") {
+			rest, ok := strings.CutPrefix(line, "cmdstat_fcall:")
+			if !ok {
+				continue
+			}
+			for _, kv := range strings.Split(rest, ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				switch k {
+				case "calls":
+					calls, _ = strconv.Atoi(v)
+				case "failed_calls":
+					failed, _ = strconv.Atoi(v)
+				}
+			}
+		}
+		// 60 tenants over 3 masters: each holds some of them.
+		if calls-failed < 5 {
+			t.Errorf("master %s: %d FCALL calls (%d failed), want its share of the 60 decisions", n.Addr, calls, failed)
+		}
 	}
 }

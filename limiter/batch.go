@@ -2,10 +2,15 @@ package limiter
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/caddy-tollgate/lua"
 )
 
 // A batcher sends the script calls of concurrent requests bound for one
@@ -24,15 +29,26 @@ import (
 // another's. Calls whose context is done before their batch is formed are
 // not sent.
 //
-// NOSCRIPT replies (a restarted Redis, SCRIPT FLUSH) are retried at once
-// with EVAL, in one more pipeline. In a cluster, a call answered MOVED or
-// ASK (the slot moved since the batcher was chosen) is retried alone
-// through the cluster client, which follows the redirect.
+// Calls go out as FCALL of the function library (lua.Library) where the
+// node has function libraries (Redis 7): Redis then finds the scripts'
+// helpers built instead of building them on every call. A node that does
+// not know the library (first call, a restart, FUNCTION FLUSH) answers
+// "Function not found": the library is loaded and the calls retried at
+// once, in one more pipeline. A node without functions (Redis 6) or whose
+// ACL refuses them is called with EVALSHA from then on; NOSCRIPT replies
+// (a restarted Redis, SCRIPT FLUSH) are retried at once with EVAL. In a
+// cluster, a call answered MOVED or ASK (the slot moved since the batcher
+// was chosen) is retried alone through the cluster client, which follows
+// the redirect, with EVALSHA.
 type batcher struct {
 	// pipe makes a pipeline to the node; redirect, when set (cluster), runs
 	// a single call that may need to follow a redirect.
 	pipe     func() redis.Pipeliner
 	redirect redis.Scripter
+
+	// noFunctions is set once the node turned FCALL or FUNCTION LOAD
+	// down: scripts only, from then on.
+	noFunctions atomic.Bool
 
 	mu       sync.Mutex
 	queue    []*batchCall
@@ -52,7 +68,7 @@ const maxBatchSize = 256
 // batchCall is one script call waiting for its batch.
 type batchCall struct {
 	ctx    context.Context
-	script *redis.Script
+	script *luaScript
 	keys   []string
 	args   []any
 
@@ -70,11 +86,11 @@ func newBatcher(pipe func() redis.Pipeliner, redirect redis.Scripter) *batcher {
 }
 
 // do runs script as part of the next batch and returns its reply. noscript
-// reports that Redis first answered NOSCRIPT (the call was retried with
-// EVAL). abandoned reports that the caller's context ended while the call
+// reports that Redis first answered NOSCRIPT or "Function not found" (the
+// call was retried after loading the script or the library). abandoned reports that the caller's context ended while the call
 // was in a batch: the batch may still send the arguments, so the caller
 // must not reuse them.
-func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any) (val any, noscript, abandoned bool, err error) {
+func (b *batcher) do(ctx context.Context, script *luaScript, keys []string, args []any) (val any, noscript, abandoned bool, err error) {
 	c := batchCalls.Get().(*batchCall)
 	c.ctx, c.script, c.keys, c.args = ctx, script, keys, args
 	b.mu.Lock()
@@ -144,16 +160,39 @@ func (b *batcher) send(batch []*batchCall) {
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	b.exec(ctx, live, false)
+	fcall := !b.noFunctions.Load()
+	mode := execEvalSha
+	if fcall {
+		mode = execFCall
+	}
+	b.exec(ctx, live, mode)
 	var retry []*batchCall
 	for _, c := range live {
-		if isNoScript(c.cmd.Err()) {
+		switch err := c.cmd.Err(); {
+		case fcall && isFunctionMissing(err):
+			c.noscipt = true
+			retry = append(retry, c)
+		case fcall && isFunctionRefused(err):
+			b.noFunctions.Store(true)
+			retry = append(retry, c)
+		case isNoScript(err):
 			c.noscipt = true
 			retry = append(retry, c)
 		}
 	}
-	if len(retry) > 0 {
-		b.exec(ctx, retry, true)
+	switch {
+	case len(retry) == 0:
+	case fcall && !b.noFunctions.Load():
+		// Load the library and call again, in one pipeline; a node that
+		// refuses the library is called with scripts.
+		if !b.exec(ctx, retry, execLoadFCall) || isFunctionMissing(retry[0].cmd.Err()) {
+			// Refused, or loaded where the calls do not go (a client
+			// that routes by key, seen as one node): scripts only.
+			b.noFunctions.Store(true)
+			b.exec(ctx, retry, execEval)
+		}
+	default:
+		b.exec(ctx, retry, execEval)
 	}
 	for _, c := range live {
 		val, err := c.cmd.Result()
@@ -167,18 +206,58 @@ func (b *batcher) send(batch []*batchCall) {
 	}
 }
 
-// exec sends calls as one pipeline: EVALSHA, or EVAL when eval is set.
-func (b *batcher) exec(ctx context.Context, calls []*batchCall, eval bool) {
+// How exec sends its calls.
+const (
+	execFCall     = iota // FCALL of the library function
+	execLoadFCall        // FUNCTION LOAD REPLACE of the library, then FCALL
+	execEvalSha
+	execEval
+)
+
+// exec sends calls as one pipeline, as mode says. It reports false when
+// the library was to be loaded and the node refused it (the calls then
+// hold that pipeline's replies, not to be used).
+func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
 	p := b.pipe()
+	var load *redis.StringCmd
+	if mode == execLoadFCall {
+		load = p.FunctionLoadReplace(ctx, lua.Library)
+	}
 	for _, c := range calls {
-		if eval {
+		switch mode {
+		case execFCall, execLoadFCall:
+			c.cmd = p.FCall(ctx, c.script.fn, c.keys, c.args...)
+		case execEval:
 			c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
-		} else {
+		default:
 			c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
 		}
 	}
 	// Errors are per command (a failed connection fails them all).
 	_, _ = p.Exec(ctx)
+	if load != nil {
+		if err := load.Err(); err != nil && !isConnError(err) {
+			return false
+		}
+	}
+	return true
+}
+
+// isFunctionMissing reports a node that does not hold the library.
+func isFunctionMissing(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Function not found")
+}
+
+// isFunctionRefused reports a node that cannot or may not run functions:
+// a Redis before 7, or an ACL without FCALL.
+func isFunctionRefused(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(err.Error(), "unknown command"))
+}
+
+// isConnError reports an error of the connection rather than a reply.
+func isConnError(err error) bool {
+	var rerr redis.Error
+	return !errors.As(err, &rerr)
 }
 
 // finish hands c its result.

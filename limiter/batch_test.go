@@ -22,7 +22,7 @@ type pipelineCounter struct {
 func scriptCalls(cmds ...redis.Cmder) int64 {
 	n := int64(0)
 	for _, c := range cmds {
-		if name := c.Name(); name == "evalsha" || name == "eval" {
+		if name := c.Name(); name == "evalsha" || name == "eval" || name == "fcall" {
 			n++
 		}
 	}
@@ -142,8 +142,9 @@ func TestBatchingPerCallDeadline(t *testing.T) {
 	}
 }
 
-// TestBatchingNoScript: a batch answered NOSCRIPT (a flushed script cache)
-// is retried with EVAL, and every call gets its answer.
+// TestBatchingNoScript: a batch answered "Function not found" (a flushed
+// library) is retried after loading the library, and every call gets its
+// answer.
 func TestBatchingNoScript(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	client := srv.Client(t)
@@ -156,6 +157,9 @@ func TestBatchingNoScript(t *testing.T) {
 	rate := Rate{Limit: 5, Window: time.Hour}
 	mustDecide(t, s, Check{Algorithm: SlidingWindow, Tenant: "warm", Policy: "p", Rate: rate, Cost: 1})
 	if err := client.ScriptFlush(bgCtx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.FunctionFlush(bgCtx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -175,5 +179,50 @@ func TestBatchingNoScript(t *testing.T) {
 	wg.Wait()
 	if admitted.Load() != 5 || noscript.Load() == 0 {
 		t.Errorf("%d admitted (want 5), %d NOSCRIPT answers seen (want some)", admitted.Load(), noscript.Load())
+	}
+}
+
+// TestBatchingWithoutFunctions: a Redis user whose ACL refuses FCALL and
+// FUNCTION (as a Redis 6 refuses the commands) is served with EVALSHA,
+// NOSCRIPT retried with EVAL, every decision exact.
+func TestBatchingWithoutFunctions(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	admin := srv.Client(t)
+	if err := admin.Do(bgCtx, "ACL", "SETUSER", "nofunc", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-fcall_ro", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	opts := srv.ClientOptions()
+	opts.Username, opts.Password = "nofunc", "pw"
+	client := redis.NewClient(opts)
+	defer client.Close()
+	var hook pipelineCounter
+	client.AddHook(&hook)
+	var noscript atomic.Int64
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: 2 * time.Second, Observe: func(_, result string, _ time.Duration) {
+		if result == "noscript" {
+			noscript.Add(1)
+		}
+	}})
+	c := Check{Algorithm: TokenBucket, Tenant: "nofunc", Policy: "p", Rate: Rate{Limit: 5, Window: time.Hour}, Cost: 1}
+	admitted := 0
+	for i := range 8 {
+		if i == 4 {
+			if err := admin.ScriptFlush(bgCtx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ok, err := s.Decide(bgCtx, []Check{c}, make([]Result, 1))
+		if err != nil {
+			t.Fatalf("decision %d: %v", i, err)
+		}
+		if ok {
+			admitted++
+		}
+	}
+	if admitted != 5 || noscript.Load() == 0 {
+		t.Errorf("%d admitted (want 5), %d NOSCRIPT answers (want some after SCRIPT FLUSH)", admitted, noscript.Load())
+	}
+	if n, _ := admin.FunctionList(bgCtx, redis.FunctionListQuery{}).Result(); len(n) != 0 {
+		t.Errorf("libraries %v: the refused user loaded one", n)
 	}
 }

@@ -103,7 +103,7 @@ func BenchmarkRedisCalendarInterleaved(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			usec[i] = append(usec[i], evalshaUsecPerCall(b, client))
+			usec[i] = append(usec[i], scriptUsecPerCall(b, client))
 		}
 	}
 	median := func(v []float64) float64 {

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/tollgate/caddy-tollgate/lua"
 )
 
@@ -87,7 +86,7 @@ type LeaseTaker interface {
 }
 
 var (
-	leaseScript     = redis.NewScript(lua.Lease)
+	leaseScript     = newLuaScript(lua.Lease, "lease")
 	scriptLeaseTake = &redisScript{"lease", leaseScript, nil}
 	scriptLeaseGive = &redisScript{"lease_return", leaseScript, nil}
 

@@ -154,14 +154,27 @@ func NewRedisStore(opts RedisOptions) *RedisStore {
 // others).
 type redisScript struct {
 	name   string
-	script *redis.Script
+	script *luaScript
 	mode   any
 }
 
+// luaScript is one entry point of package lua, both as a script (EVALSHA,
+// EVAL) and as the function of lua.Library that runs the same code
+// (FCALL). The batcher calls the function where the server has function
+// libraries, else the script; other calls use the script.
+type luaScript struct {
+	*redis.Script
+	fn string
+}
+
+func newLuaScript(src, entry string) *luaScript {
+	return &luaScript{Script: redis.NewScript(src), fn: lua.Function(entry)}
+}
+
 var (
-	decideScript  = redis.NewScript(lua.Decide)
-	refundScript  = redis.NewScript(lua.Refund)
-	releaseScript = redis.NewScript(lua.Release)
+	decideScript  = newLuaScript(lua.Decide, "decide")
+	refundScript  = newLuaScript(lua.Refund, "refund")
+	releaseScript = newLuaScript(lua.Release, "release")
 
 	// The mode strings are boxed once: converting them to any on every
 	// call would allocate.

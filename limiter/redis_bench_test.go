@@ -19,7 +19,7 @@ import (
 //	go test -run xxx -bench Redis -benchtime 2000x ./limiter/
 //
 // ns/op is the round trip seen by the caller (loopback), redis-usec/call
-// the time Redis spent in the script (INFO commandstats, evalsha), and
+// the time Redis spent in the script (INFO commandstats, evalsha and fcall), and
 // bytes/key the Redis memory of one bucket (INFO memory, used_memory
 // delta over 100 000 tenants).
 
@@ -46,39 +46,37 @@ func infoField(b testing.TB, client *redis.Client, section, field string) string
 	return ""
 }
 
-// evalshaUsecPerCall reads usec_per_call of EVALSHA from INFO commandstats.
-func evalshaUsecPerCall(b testing.TB, client *redis.Client) float64 {
+// scriptUsecPerCall reads the µs per script call from INFO commandstats:
+// EVALSHA and FCALL (the batcher's calls where Redis has functions)
+// together.
+func scriptUsecPerCall(b testing.TB, client *redis.Client) float64 {
 	b.Helper()
-	for _, kv := range strings.Split(infoField(b, client, "commandstats", "cmdstat_evalsha"), ",") {
-		if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return f
-		}
+	calls, usec := scriptStats(b, client)
+	if calls == 0 {
+		b.Fatal("no evalsha or fcall in INFO commandstats")
 	}
-	b.Fatal("no evalsha in INFO commandstats")
-	return 0
+	return usec / calls
 }
 
-// evalshaStats reads calls and usec (total µs) of EVALSHA from INFO
-// commandstats.
-func evalshaStats(tb testing.TB, client *redis.Client) (calls, usec float64) {
+// scriptStats reads calls and usec (total µs) of EVALSHA and FCALL from
+// INFO commandstats.
+func scriptStats(tb testing.TB, client *redis.Client) (calls, usec float64) {
 	tb.Helper()
-	for _, kv := range strings.Split(infoField(tb, client, "commandstats", "cmdstat_evalsha"), ",") {
-		k, v, _ := strings.Cut(kv, "=")
-		f, err := strconv.ParseFloat(v, 64)
-		switch k {
-		case "calls":
-			calls = f
-		case "usec":
-			usec = f
-		default:
-			continue
-		}
-		if err != nil {
-			tb.Fatal(err)
+	for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_fcall"} {
+		for _, kv := range strings.Split(infoField(tb, client, "commandstats", cmd), ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			f, err := strconv.ParseFloat(v, 64)
+			switch k {
+			case "calls":
+				calls += f
+			case "usec":
+				usec += f
+			default:
+				continue
+			}
+			if err != nil {
+				tb.Fatal(err)
+			}
 		}
 	}
 	return calls, usec
@@ -162,7 +160,7 @@ func BenchmarkRedisSlidingLog(b *testing.B) {
 			if res[0].Remaining != 1<<40-int64(n) {
 				b.Fatalf("Remaining %d: the log does not hold %d units", res[0].Remaining, n)
 			}
-			b.ReportMetric(evalshaUsecPerCall(b, client), "redis-usec/call")
+			b.ReportMetric(scriptUsecPerCall(b, client), "redis-usec/call")
 			b.ReportMetric(float64(bytes)/float64(n), "bytes/admission")
 		})
 	}
@@ -184,7 +182,7 @@ func benchDecide(b *testing.B, s *RedisStore, client *redis.Client, checks []Che
 			b.Fatal(err)
 		}
 	}
-	b.ReportMetric(evalshaUsecPerCall(b, client), "redis-usec/call")
+	b.ReportMetric(scriptUsecPerCall(b, client), "redis-usec/call")
 }
 
 // BenchmarkRedisDecide: one check on an existing bucket, per algorithm,
@@ -205,6 +203,15 @@ func BenchmarkRedisDecide(b *testing.B) {
 	b.Run("3-policies", func(b *testing.B) {
 		benchDecide(b, s, client, benchThreePolicies("tenant-42"))
 	})
+	// The same decisions as scripts (EVALSHA), as on a Redis without
+	// function libraries: the script builds its helpers on every call.
+	scripts := NewRedisStore(RedisOptions{Client: client, Timeout: time.Second})
+	scripts.batch.noFunctions.Store(true)
+	for _, algo := range []Algorithm{TokenBucket, GCRA} {
+		b.Run("evalsha-"+algo.String(), func(b *testing.B) {
+			benchDecide(b, scripts, client, []Check{benchCheck(algo, "tenant-42")})
+		})
+	}
 	// The script floor: the least a decision must do in Redis (read the
 	// clock, read the bucket, write it with a TTL), so redis-usec/call of
 	// each algorithm can be read as a ratio to it on a noisy machine.
@@ -226,7 +233,7 @@ return {1, t[1]}`)
 				b.Fatal(err)
 			}
 		}
-		b.ReportMetric(evalshaUsecPerCall(b, client), "redis-usec/call")
+		b.ReportMetric(scriptUsecPerCall(b, client), "redis-usec/call")
 	})
 	// The round-trip floor: a plain GET on the same client.
 	b.Run("baseline-GET", func(b *testing.B) {
@@ -400,9 +407,7 @@ func BenchmarkLeaseDecide(b *testing.B) {
 					b.Fatal(ok, err)
 				}
 			}
-			calls := strings.TrimPrefix(infoField(b, client, "commandstats", "cmdstat_evalsha"), "calls=")
-			calls, _, _ = strings.Cut(calls, ",")
-			n, _ := strconv.ParseFloat(calls, 64)
+			n, _ := scriptStats(b, client)
 			b.ReportMetric(n/float64(b.N), "redis-calls/op")
 		})
 	}

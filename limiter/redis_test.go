@@ -161,8 +161,9 @@ func TestRedisNothingStoredUncharged(t *testing.T) {
 	}
 }
 
-// TestRedisScriptFlush: SCRIPT FLUSH in the middle of traffic loses no
-// decision: EVALSHA answers NOSCRIPT and the store sends the script again.
+// TestRedisScriptFlush: SCRIPT FLUSH and FUNCTION FLUSH in the middle of
+// traffic lose no decision: FCALL answers "Function not found" (EVALSHA
+// NOSCRIPT) and the store sends the library (the script) again.
 func TestRedisScriptFlush(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	client := srv.Client(t)
@@ -188,7 +189,13 @@ func TestRedisScriptFlush(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(2 * time.Millisecond):
-				if err := client.ScriptFlush(bgCtx).Err(); err != nil {
+				// The batcher calls the library's functions: flush
+				// them too, alternately.
+				err := client.ScriptFlush(bgCtx).Err()
+				if n%2 == 1 {
+					err = client.FunctionFlush(bgCtx).Err()
+				}
+				if err != nil {
 					t.Error(err)
 					return
 				}

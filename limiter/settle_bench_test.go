@@ -79,10 +79,10 @@ func verifySettle(tb testing.TB, s *RedisStore, client *redis.Client, sc settleC
 	if sc.real == NotMetered {
 		want, calls = sc.cost, 1
 	}
-	c0, _ := evalshaStats(tb, client)
+	c0, _ := scriptStats(tb, client)
 	var d Decision
 	settleRequest(tb, s, &d, settleItems(tenant, sc.cost), []int64{sc.real})
-	c1, _ := evalshaStats(tb, client)
+	c1, _ := scriptStats(tb, client)
 	r := mustPeek(tb, s, Check{Algorithm: TokenBucket, Tenant: tenant, Policy: "tokens", Rate: settleBenchRate})
 	// The bucket refills 31.7 units/s: at most one unit back by now.
 	if charged := settleBenchRate.Limit - r[0].Remaining; charged != want && charged != want-1 {
@@ -113,7 +113,7 @@ func BenchmarkRedisSettle(b *testing.B) {
 			for b.Loop() {
 				settleRequest(b, s, &d, items, real)
 			}
-			calls, usec := evalshaStats(b, client)
+			calls, usec := scriptStats(b, client)
 			n := float64(b.N)
 			want := n
 			if sc.real != NotMetered {
@@ -165,7 +165,7 @@ func benchSettleInterleaved(b *testing.B, s *RedisStore, client *redis.Client) {
 			}
 		}
 	}
-	calls0, usec0 := evalshaStats(b, client)
+	calls0, usec0 := scriptStats(b, client)
 	b.ReportAllocs()
 	var start time.Time
 	i := 0
@@ -185,7 +185,7 @@ func benchSettleInterleaved(b *testing.B, s *RedisStore, client *redis.Client) {
 		if j == k-1 {
 			wall := time.Since(start)
 			b.StopTimer()
-			calls, usec := evalshaStats(b, client)
+			calls, usec := scriptStats(b, client)
 			if calls-calls0 != k {
 				b.Fatalf("%s phase: %v script calls for %d, want one each", p.name, calls-calls0, k)
 			}

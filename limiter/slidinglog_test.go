@@ -687,13 +687,13 @@ func TestRedisSlidingLogFlatCost(t *testing.T) {
 				}
 				continue
 			}
-			calls0, usec0 := evalshaStats(t, client)
+			calls0, usec0 := scriptStats(t, client)
 			for range 500 {
 				if ok, err := b.store.Decide(bgCtx, []Check{b.check}, res); !ok || err != nil {
 					t.Fatal(ok, err)
 				}
 			}
-			calls1, usec1 := evalshaStats(t, client)
+			calls1, usec1 := scriptStats(t, client)
 			b.calls += calls1 - calls0
 			b.sec += usec1 - usec0
 			if res[0].Remaining != 1<<40-int64(b.n) {

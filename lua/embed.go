@@ -10,6 +10,10 @@
 // point. So a request whose policies use different algorithms is still one
 // EVALSHA.
 //
+// The same code is also assembled as one Redis 7 function library
+// (library.go), which the store prefers where Redis has functions: it is
+// loaded once, so its definitions are not rebuilt on every call.
+//
 // The argument and reply layouts are documented at the top of decide.lua,
 // refund.lua, lease.lua, release.lua and heartbeat.lua.
 package lua

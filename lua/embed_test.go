@@ -39,3 +39,20 @@ func TestAssembly(t *testing.T) {
 		t.Error("Release is not release.lua alone")
 	}
 }
+
+// TestLibrary: the function library holds every algorithm once and one
+// function per entry point, each running its entry point's source.
+func TestLibrary(t *testing.T) {
+	if !strings.HasPrefix(Library, "#!lua name="+LibraryName+"\n") {
+		t.Fatalf("library header: %q", Library[:40])
+	}
+	if n := strings.Count(Library, "local ALGORITHMS = {}"); n != 1 {
+		t.Errorf("%d copies of common.lua, want 1", n)
+	}
+	for _, e := range []struct{ name, body string }{{"decide", decide}, {"refund", refund}, {"lease", lease}, {"release", release}} {
+		reg := "redis.register_function('" + Function(e.name) + "', function(keys, args)\nKEYS, ARGV = keys, args\n" + e.body + "\nend)"
+		if !strings.Contains(Library, reg) {
+			t.Errorf("no function %s running %s.lua", Function(e.name), e.name)
+		}
+	}
+}
