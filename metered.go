@@ -105,6 +105,22 @@ type meter struct {
 	paths  *usage.Paths
 }
 
+// sameMeter returns the meter of one of policies that reads what m reads,
+// else m: policies that read the same cost share one meter, so a response
+// is read once for all of them (e.g. tokens per minute and per day).
+func sameMeter(policies []*policyRuntime, m *meter) *meter {
+	if m == nil {
+		return nil
+	}
+	for _, p := range policies {
+		if o := p.meter; o != nil && o.header == m.header && (o.paths == nil) == (m.paths == nil) &&
+			(o.paths == nil || o.paths.String() == m.paths.String()) {
+			return o
+		}
+	}
+	return m
+}
+
 // parseCostAfter reads `cost_after header <Name>` or `cost_after json
 // <path>[+<path>...]`.
 func (p cfParser) costAfter() (*CostAfterConfig, error) {
@@ -143,10 +159,12 @@ type meteredWriter struct {
 	// meters are the request's metered policies (nil for the others),
 	// by verdict.
 	meters []*meter
-	// ex has an extractor per JSON meter, in the order of meters; scan
+	// ex has an extractor per distinct JSON meter (policies reading the
+	// same paths share one), exOf the index in ex of each verdict's; scan
 	// is set once the header says the body can be read (else skip says
 	// why not).
 	ex          []usage.Extractor
+	exOf        []int
 	wroteHeader bool
 	scan        bool
 	skip        string
@@ -167,11 +185,23 @@ func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*meter) {
 	for range meters {
 		w.headers = append(w.headers, "")
 	}
+	w.exOf = w.exOf[:0]
 	n := 0
-	for _, m := range meters {
+	for i, m := range meters {
+		k := -1
 		if m != nil && m.paths != nil {
-			n++
+			for j := range i {
+				if meters[j] == m {
+					k = w.exOf[j]
+					break
+				}
+			}
+			if k < 0 {
+				k = n
+				n++
+			}
 		}
+		w.exOf = append(w.exOf, k)
 	}
 	if cap(w.ex) < n {
 		w.ex = make([]usage.Extractor, n)
@@ -220,11 +250,9 @@ func (w *meteredWriter) inspect() {
 		w.skip = missingNotJSON
 		return
 	}
-	k := 0
-	for _, m := range w.meters {
-		if m != nil && m.paths != nil {
-			w.ex[k].Reset(m.paths, format)
-			k++
+	for i, k := range w.exOf {
+		if k >= 0 {
+			w.ex[k].Reset(w.meters[i].paths, format) // a shared one again: harmless
 		}
 	}
 	w.scan = true
@@ -324,13 +352,7 @@ func (w *meteredWriter) cost(i int) (int64, string) {
 	if !w.scan {
 		return limiter.NotMetered, w.skip
 	}
-	k := 0
-	for j := range i {
-		if w.meters[j] != nil && w.meters[j].paths != nil {
-			k++
-		}
-	}
-	if n, ok := w.ex[k].Cost(); ok {
+	if n, ok := w.ex[w.exOf[i]].Cost(); ok {
 		return n, ""
 	}
 	return limiter.NotMetered, missingNoValue

@@ -53,3 +53,33 @@ func TestBodyFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestMetersShared: policies that read the same cost share one meter, and
+// a response is then read by one extractor for all of them.
+func TestMetersShared(t *testing.T) {
+	compile := func(ca *CostAfterConfig) *meter {
+		m, err := checkCostAfter([]string{"rate_limits", "p", "cost_after"}, ca, limiter.TokenBucket, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	var policies []*policyRuntime
+	for _, ca := range []*CostAfterConfig{
+		{JSON: "usage.total_tokens"},
+		{JSON: "usage.total_tokens"},
+		{JSON: "usage.input_tokens+usage.output_tokens"},
+		{Header: "X-Tokens"},
+		{Header: "x-tokens"},
+	} {
+		policies = append(policies, &policyRuntime{meter: sameMeter(policies, compile(ca))})
+	}
+	if policies[0].meter != policies[1].meter || policies[3].meter != policies[4].meter || policies[2].meter == policies[0].meter {
+		t.Fatalf("meters not shared as they should be: %p %p %p %p %p", policies[0].meter, policies[1].meter, policies[2].meter, policies[3].meter, policies[4].meter)
+	}
+	var w meteredWriter
+	w.reset(nil, []*meter{policies[0].meter, nil, policies[1].meter, policies[2].meter, policies[3].meter})
+	if len(w.ex) != 2 || w.exOf[0] != w.exOf[2] || w.exOf[3] == w.exOf[0] || w.exOf[1] != -1 || w.exOf[4] != -1 {
+		t.Errorf("%d extractors, exOf %v: want 2, the first shared by verdicts 0 and 2", len(w.ex), w.exOf)
+	}
+}

@@ -299,6 +299,7 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 		if rt.meter, err = checkCostAfter(sub([]string{"rate_limits", name}, "cost_after"), pc.CostAfter, policy.Algorithm, pc.Cost); err != nil {
 			return err
 		}
+		rt.meter = sameMeter(h.policies, rt.meter)
 		if n, ok := pc.Cost.constant(); ok {
 			rt.cost = n
 		} else {

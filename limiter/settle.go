@@ -250,7 +250,7 @@ func (s *LeaseStore) settleLease(e *leaseEntry, checks []Check, deltas []int64) 
 		case cost > 0:
 			k = min(k, max(delta, 0)/cost)
 		}
-		owes = owes || (delta != noDelta && delta > 0)
+		owes = owes || delta > 0 // noDelta is negative
 	}
 	if !owes {
 		return 0
