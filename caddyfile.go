@@ -54,6 +54,7 @@ func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, e
 //			key_prefix <string>
 //			breaker_failures <n>
 //			breaker_cooldown <duration>
+//			functions              # Redis 7: FCALL of a function library instead of EVALSHA
 //		}
 //		tenant <placeholder-template>
 //		tier <placeholder-template>
@@ -343,6 +344,10 @@ var redisBlock = block[*RedisConfig]{
 	{name: "breaker_cooldown", usage: "breaker_cooldown <duration>", field: "breaker_cooldown", parse: func(p cfParser, rc *RedisConfig) (err error) {
 		rc.BreakerCooldown, err = p.durationArg()
 		return err
+	}},
+	{name: "functions", usage: "functions", repeatable: true, field: "functions", parse: func(p cfParser, rc *RedisConfig) error {
+		rc.Functions = true
+		return p.flag()
 	}},
 }
 

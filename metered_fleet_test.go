@@ -47,7 +47,8 @@ http://127.0.0.1:{PORT} {` +
 }
 
 // TestMeteredFleet: three built Caddy processes share 100 tokens per
-// tenant through Redis (standalone and a 3-master cluster); each streamed
+// tenant through Redis (standalone, and a 3-master cluster called with
+// functions); each streamed
 // response reports 30 tokens. Requests go round the fleet: 4 pass, every
 // later one gets a 429, whether decided strictly, from leases (the
 // settlement is paid from leased units first) or on a sliding log.
@@ -59,7 +60,9 @@ func TestMeteredFleet(t *testing.T) {
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := redistest.StartCluster(t, 3, 0)
-		testMeteredFleet(t, fleetRedisBlock(strings.Join(c.Addrs, " ")))
+		// With the function library (redis functions): FCALL per master.
+		block := strings.Replace(fleetRedisBlock(strings.Join(c.Addrs, " ")), "timeout 5s", "timeout 5s\n\t\t\t\tfunctions", 1)
+		testMeteredFleet(t, block)
 	})
 }
 

@@ -119,6 +119,7 @@ policy='	rate_limit {
 	}'
 redis_block="redis {
 			address 127.0.0.1:$redis_port
+			functions
 		}"
 embedded=$(printf "$policy" '' both '')
 embedded_off=$(printf "$policy" '' off '')

@@ -23,6 +23,9 @@ type BackendOptions struct {
 	// 0 means limiter's defaults (3 failures, 5s).
 	BreakerFailures int
 	BreakerCooldown time.Duration
+	// Functions calls the scripts as Redis 7 functions
+	// (limiter.RedisOptions.Functions).
+	Functions bool
 	// Logger logs until a user attaches (normally the first one attaches
 	// at once); nil means no logging.
 	Logger *zap.Logger
@@ -44,7 +47,7 @@ func (o BackendOptions) normalized() BackendOptions {
 }
 
 func (o BackendOptions) key() string {
-	return fmt.Sprintf("%s|prefix=%s|breaker=%d/%s", o.Connection.key(), o.Prefix, o.BreakerFailures, o.BreakerCooldown)
+	return fmt.Sprintf("%s|prefix=%s|breaker=%d/%s|functions=%t", o.Connection.key(), o.Prefix, o.BreakerFailures, o.BreakerCooldown, o.Functions)
 }
 
 // recoveryFlushInterval is how often a backend charges Redis for units its
@@ -136,10 +139,11 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 	b.redis = limiter.NewRedisStore(limiter.RedisOptions{
 		// The go-redis client itself, not its wrapper: the store must see
 		// a *redis.ClusterClient to batch per node and follow slots.
-		Client:  c.UniversalClient,
-		Prefix:  opts.Prefix,
-		Timeout: timeout,
-		Observe: b.observeRedis,
+		Client:    c.UniversalClient,
+		Prefix:    opts.Prefix,
+		Timeout:   timeout,
+		Observe:   b.observeRedis,
+		Functions: opts.Functions,
 	})
 	b.store = limiter.NewBreakerStore(b.redis, limiter.BreakerOptions{
 		Failures:      opts.BreakerFailures,

@@ -38,17 +38,18 @@ func TestAnyBreakerOpen(t *testing.T) {
 	}
 }
 
-// TestBackendClusterFunctions: on a Redis Cluster the backend's store sees
-// the cluster client (not the shared client's wrapper), so it batches per
-// master and loads the function library on each one: decisions of tenants
-// spread over every master run as FCALL there.
+// TestBackendClusterFunctions: with functions on a Redis Cluster, the
+// backend's store sees the cluster client (not the shared client's
+// wrapper), so it batches per master and loads the function library on
+// each one: decisions of tenants spread over every master run as FCALL
+// there.
 func TestBackendClusterFunctions(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	var addrs []string
 	for _, n := range cl.Nodes() {
 		addrs = append(addrs, n.Addr)
 	}
-	b, err := Acquire(BackendOptions{Connection: Connection{Addresses: addrs, Cluster: true, Timeout: 2 * time.Second}, Prefix: "fn"})
+	b, err := Acquire(BackendOptions{Connection: Connection{Addresses: addrs, Cluster: true, Timeout: 2 * time.Second}, Prefix: "fn", Functions: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,9 +29,10 @@ import (
 // another's. Calls whose context is done before their batch is formed are
 // not sent.
 //
-// Calls go out as FCALL of the function library (lua.Library) where the
-// node has function libraries (Redis 7): Redis then finds the scripts'
-// helpers built instead of building them on every call. A node that does
+// Calls go out as EVALSHA, or, when the store was asked for functions
+// (RedisOptions.Functions), as FCALL of the function library
+// (lua.Library): Redis then finds the scripts' helpers built instead of
+// building them on every call. A node that does
 // not know the library (first call, a restart, FUNCTION FLUSH) answers
 // "Function not found": the library is loaded and the calls retried at
 // once, in one more pipeline. A node without functions (Redis 6) or whose
@@ -81,8 +82,10 @@ type batchCall struct {
 
 var batchCalls = sync.Pool{New: func() any { return &batchCall{done: make(chan struct{}, 1)} }}
 
-func newBatcher(pipe func() redis.Pipeliner, redirect redis.Scripter) *batcher {
-	return &batcher{pipe: pipe, redirect: redirect, max: maxBatchFlushers}
+func newBatcher(pipe func() redis.Pipeliner, redirect redis.Scripter, functions bool) *batcher {
+	b := &batcher{pipe: pipe, redirect: redirect, max: maxBatchFlushers}
+	b.noFunctions.Store(!functions)
+	return b
 }
 
 // do runs script as part of the next batch and returns its reply. noscript

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -142,14 +143,21 @@ func TestBatchingPerCallDeadline(t *testing.T) {
 	}
 }
 
-// TestBatchingNoScript: a batch answered "Function not found" (a flushed
-// library) is retried after loading the library, and every call gets its
-// answer.
+// TestBatchingNoScript: a batch answered NOSCRIPT (a flushed script cache)
+// is retried with EVAL, and with functions one answered "Function not
+// found" (a flushed library) is retried after loading the library; every
+// call gets its answer.
 func TestBatchingNoScript(t *testing.T) {
+	for _, functions := range []bool{false, true} {
+		t.Run(fmt.Sprint("functions=", functions), func(t *testing.T) { testBatchingNoScript(t, functions) })
+	}
+}
+
+func testBatchingNoScript(t *testing.T, functions bool) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	client := srv.Client(t)
 	var noscript atomic.Int64
-	s := NewRedisStore(RedisOptions{Client: client, Timeout: 2 * time.Second, Observe: func(_, result string, _ time.Duration) {
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: 2 * time.Second, Functions: functions, Observe: func(_, result string, _ time.Duration) {
 		if result == "noscript" {
 			noscript.Add(1)
 		}
@@ -198,7 +206,7 @@ func TestBatchingWithoutFunctions(t *testing.T) {
 	var hook pipelineCounter
 	client.AddHook(&hook)
 	var noscript atomic.Int64
-	s := NewRedisStore(RedisOptions{Client: client, Timeout: 2 * time.Second, Observe: func(_, result string, _ time.Duration) {
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: 2 * time.Second, Functions: true, Observe: func(_, result string, _ time.Duration) {
 		if result == "noscript" {
 			noscript.Add(1)
 		}

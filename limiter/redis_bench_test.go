@@ -203,13 +203,16 @@ func BenchmarkRedisDecide(b *testing.B) {
 	b.Run("3-policies", func(b *testing.B) {
 		benchDecide(b, s, client, benchThreePolicies("tenant-42"))
 	})
-	// The same decisions as scripts (EVALSHA), as on a Redis without
-	// function libraries: the script builds its helpers on every call.
-	scripts := NewRedisStore(RedisOptions{Client: client, Timeout: time.Second})
-	scripts.batch.noFunctions.Store(true)
-	for _, algo := range []Algorithm{TokenBucket, GCRA} {
-		b.Run("evalsha-"+algo.String(), func(b *testing.B) {
-			benchDecide(b, scripts, client, []Check{benchCheck(algo, "tenant-42")})
+	// The same decisions as functions of the library (redis `functions`):
+	// built once, where each script builds its helpers on every call.
+	functions := NewRedisStore(RedisOptions{Client: client, Timeout: time.Second, Functions: true})
+	for _, algo := range benchAlgorithms {
+		b.Run("fcall-"+algo.String(), func(b *testing.B) {
+			c := benchCheck(algo, "tenant-42")
+			if algo == SlidingLog {
+				c.Rate = Rate{Limit: 100, Window: time.Minute}
+			}
+			benchDecide(b, functions, client, []Check{c})
 		})
 	}
 	// The script floor: the least a decision must do in Redis (read the
