@@ -13,7 +13,12 @@
 #   ONLY="baseline redis" ./bench/run.sh   # a subset of the scenarios
 #
 # Installs wrk and redis-server from Debian packages when missing. Prints a
-# Markdown table and writes it to bench/results/latest.md.
+# Markdown table and writes it to bench/results/latest.md. Besides
+# throughput and latency, each row says what a request cost: Redis calls
+# and round trips, and the CPU Redis and Caddy spent on it (wrk, the
+# kernel's loopback and the rest of the machine share the same two cores,
+# so the CPU columns explain a ratio: the baseline row is what plain Caddy
+# spends, and every µs more per request comes off the throughput).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,13 +64,19 @@ redis_stat() {
 		END { if (!found) print 0 }'
 }
 
+# proc_cpu PID: the CPU seconds (user + system) a process has used.
+hz=$(getconf CLK_TCK)
+proc_cpu() {
+	awk -v hz="$hz" '{ printf "%.6f\n", ($14 + $15) / hz }' "/proc/$1/stat"
+}
+
 # redis_cpu: the CPU seconds (user + system) redis-server has used.
 redis_cpu() {
 	redis-cli -p "$redis_port" info cpu | tr -d '\r' | awk -F: '$1=="used_cpu_user" || $1=="used_cpu_sys" {s += $2} END {printf "%.6f\n", s}'
 }
 
 # scenario NAME TENANTS RATE_LIMIT_BLOCK -> prints
-# "name rps p50 p99 calls_per_req trips_per_req redis_cpu_us_per_req"
+# "name rps p50 p99 calls_per_req trips_per_req redis_cpu_us_per_req caddy_cpu_us_per_req"
 scenario() {
 	local name=$1 tenants=$2 block=$3 port admin
 	port=$(free_port); admin=$(free_port)
@@ -87,12 +98,12 @@ CADDY
 	wait_port "$port"
 	# warm up: connections, buckets, scripts
 	TENANTS=$tenants wrk -t1 -c"$CONNECTIONS" -d2s -s bench/tenants.lua "http://127.0.0.1:$port/" >/dev/null
-	local calls0 evals0 trips0 cpu0 calls1 evals1 trips1 cpu1
+	local calls0 evals0 trips0 cpu0 ccpu0 calls1 evals1 trips1 cpu1 ccpu1
 	calls0=$(( $(redis_stat commandstats cmdstat_evalsha) + $(redis_stat commandstats cmdstat_fcall) )); evals0=$(redis_stat commandstats cmdstat_eval)
-	trips0=$(redis_stat stats total_writes_processed); cpu0=$(redis_cpu)
+	trips0=$(redis_stat stats total_writes_processed); cpu0=$(redis_cpu); ccpu0=$(proc_cpu "$pid")
 	TENANTS=$tenants wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s bench/tenants.lua "http://127.0.0.1:$port/" >"$work/$name.wrk"
 	calls1=$(( $(redis_stat commandstats cmdstat_evalsha) + $(redis_stat commandstats cmdstat_fcall) )); evals1=$(redis_stat commandstats cmdstat_eval)
-	trips1=$(redis_stat stats total_writes_processed); cpu1=$(redis_cpu)
+	trips1=$(redis_stat stats total_writes_processed); cpu1=$(redis_cpu); ccpu1=$(proc_cpu "$pid")
 	kill "$pid"; wait "$pid" 2>/dev/null || true
 	local rps p50 p99 requests non2xx
 	rps=$(awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk")
@@ -103,7 +114,7 @@ CADDY
 	if [ "$non2xx" != 0 ]; then echo "$name: $non2xx non-2xx responses (limits too low?)" >&2; fi
 	# The redis-cli calls themselves are two writes each; the heartbeat is
 	# one call a second: both are noise next to tens of thousands.
-	python3 -c "r=max($requests,1); print('$name', $rps, '$p50', '$p99', round(($calls1-$calls0+$evals1-$evals0)/r, 3), round(($trips1-$trips0)/r, 3), round(($cpu1-$cpu0)*1e6/r, 2))"
+	python3 -c "r=max($requests,1); print('$name', $rps, '$p50', '$p99', round(($calls1-$calls0+$evals1-$evals0)/r, 3), round(($trips1-$trips0)/r, 3), round(($cpu1-$cpu0)*1e6/r, 2), round(($ccpu1-$ccpu0)*1e6/r, 2))"
 }
 
 policy='	rate_limit {
@@ -188,17 +199,17 @@ def ms(v):
 order = [n for n in labels if any(r[1] == n for r in rows)]
 base = {rnd: float(rps) for rnd, name, rps, *_ in rows if name == "baseline"}
 by = {name: [] for name in order}
-for rnd, name, rps, p50, p99, calls, trips, cpu in rows:
-    by[name].append((float(rps), float(rps) / base[rnd], ms(p50), ms(p99), float(calls), float(trips), float(cpu)))
+for rnd, name, rps, p50, p99, calls, trips, cpu, ccpu in rows:
+    by[name].append((float(rps), float(rps) / base[rnd], ms(p50), ms(p99), float(calls), float(trips), float(cpu), float(ccpu)))
 med = lambda xs: statistics.median(xs)
 print(f"{rounds} interleaved rounds of {duration}, {conns} connections, 100 tenants unless said; medians over rounds, ratio against the same round's baseline (range over rounds).")
 print()
-print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request | Redis round trips per request | Redis CPU per request |")
-print("|---|---|---|---|---|---|---|---|")
+print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request | Redis round trips per request | Redis CPU per request | Caddy CPU per request |")
+print("|---|---|---|---|---|---|---|---|---|")
 for name in order:
     xs = by[name]
     ratios = sorted(x[1] for x in xs)
     spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if len(ratios) > 1 else ""
     print(f"| {labels.get(name, name)} | {med([x[0] for x in xs]):.0f} | {med(ratios):.2f}{spread} | "
-          f"{med([x[2] for x in xs]):.2f} ms | {med([x[3] for x in xs]):.2f} ms | {med([x[4] for x in xs]):.3f} | {med([x[5] for x in xs]):.3f} | {med([x[6] for x in xs]):.1f} µs |")
+          f"{med([x[2] for x in xs]):.2f} ms | {med([x[3] for x in xs]):.2f} ms | {med([x[4] for x in xs]):.3f} | {med([x[5] for x in xs]):.3f} | {med([x[6] for x in xs]):.1f} µs | {med([x[7] for x in xs]):.1f} µs |")
 PY
