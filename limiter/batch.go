@@ -68,16 +68,23 @@ const maxBatchSize = 256
 
 // batchCall is one script call waiting for its batch.
 type batchCall struct {
-	ctx    context.Context
-	script *luaScript
-	keys   []string
-	args   []any
+	ctx      context.Context
+	deadline time.Time // the call's own deadline, zero for ctx's alone
+	script   *luaScript
+	keys     []string
+	args     []any
 
 	cmd     *redis.Cmd
 	done    chan struct{}
 	val     any
 	err     error
 	noscipt bool // the first attempt was answered NOSCRIPT
+
+	// Kept when the call is pooled, so a call allocates neither its
+	// deadline's timer nor its command's arguments: timer ends the wait
+	// at deadline, cmdArgs holds the FCALL or EVALSHA command.
+	timer   *time.Timer
+	cmdArgs []any
 }
 
 var batchCalls = sync.Pool{New: func() any { return &batchCall{done: make(chan struct{}, 1)} }}
@@ -88,14 +95,29 @@ func newBatcher(pipe func() redis.Pipeliner, redirect redis.Scripter, functions 
 	return b
 }
 
-// do runs script as part of the next batch and returns its reply. noscript
-// reports that Redis first answered NOSCRIPT or "Function not found" (the
-// call was retried after loading the script or the library). abandoned reports that the caller's context ended while the call
-// was in a batch: the batch may still send the arguments, so the caller
-// must not reuse them.
-func (b *batcher) do(ctx context.Context, script *luaScript, keys []string, args []any) (val any, noscript, abandoned bool, err error) {
+// do runs script as part of the next batch and returns its reply. The
+// call ends at deadline (when not zero) or when ctx ends, whichever comes
+// first: a deadline given here costs no context. noscript reports that
+// Redis first answered NOSCRIPT or "Function not found" (the call was
+// retried after loading the script or the library). abandoned reports that
+// the call ended while it was in a batch: the batch may still send the
+// arguments, so the caller must not reuse them.
+func (b *batcher) do(ctx context.Context, deadline time.Time, script *luaScript, keys []string, args []any) (val any, noscript, abandoned bool, err error) {
 	c := batchCalls.Get().(*batchCall)
-	c.ctx, c.script, c.keys, c.args = ctx, script, keys, args
+	c.ctx, c.deadline, c.script, c.keys, c.args = ctx, deadline, script, keys, args
+	var expired <-chan time.Time
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		// ctx ends first: its Done says so.
+		c.deadline = d
+	} else if !deadline.IsZero() {
+		wait := time.Until(deadline)
+		if c.timer == nil {
+			c.timer = time.NewTimer(wait)
+		} else {
+			c.timer.Reset(wait)
+		}
+		expired = c.timer.C
+	}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
 	start := b.flushers < b.max
@@ -109,13 +131,22 @@ func (b *batcher) do(ctx context.Context, script *luaScript, keys []string, args
 	select {
 	case <-c.done:
 		val, noscript, err = c.val, c.noscipt, c.err
-		*c = batchCall{done: c.done}
+		if expired != nil {
+			c.timer.Stop()
+		}
+		clear(c.cmdArgs)
+		*c = batchCall{done: c.done, timer: c.timer, cmdArgs: c.cmdArgs[:0]}
 		batchCalls.Put(c)
 		return val, noscript, false, err
 	case <-ctx.Done():
 		// The batch still holds c (and the caller's arguments): it is
 		// dropped, not pooled, once the batch is done with it.
+		if expired != nil {
+			c.timer.Stop()
+		}
 		return nil, false, true, ctx.Err()
+	case <-expired:
+		return nil, false, true, context.DeadlineExceeded
 	}
 }
 
@@ -144,13 +175,18 @@ func (b *batcher) flush() {
 func (b *batcher) send(batch []*batchCall) {
 	live := batch[:0]
 	var deadline time.Time
+	now := time.Now()
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			b.finish(c, nil, err)
 			continue
 		}
-		if d, ok := c.ctx.Deadline(); ok && d.After(deadline) {
-			deadline = d
+		if !c.deadline.IsZero() && !now.Before(c.deadline) {
+			b.finish(c, nil, context.DeadlineExceeded)
+			continue
+		}
+		if c.deadline.After(deadline) {
+			deadline = c.deadline
 		}
 		live = append(live, c)
 	}
@@ -229,11 +265,11 @@ func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
 	for _, c := range calls {
 		switch mode {
 		case execFCall, execLoadFCall:
-			c.cmd = p.FCall(ctx, c.script.fn, c.keys, c.args...)
+			c.cmd = c.command(ctx, p, argFCall, c.script.fnArg)
 		case execEval:
 			c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
 		default:
-			c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
+			c.cmd = c.command(ctx, p, argEvalSha, c.script.shaArg)
 		}
 	}
 	// Errors are per command (a failed connection fails them all).
@@ -244,6 +280,29 @@ func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
 		}
 	}
 	return true
+}
+
+// The command names, boxed once.
+var (
+	argFCall   any = "fcall"
+	argEvalSha any = "evalsha"
+)
+
+// command queues c on p as name (FCALL or EVALSHA) of fn (the function or
+// the script's digest), with arguments built in c.cmdArgs rather than by
+// go-redis's helpers, which box every key and the name on each call: keys
+// go as pointers into the caller's key slice, which outlives the call
+// (see do).
+func (c *batchCall) command(ctx context.Context, p redis.Pipeliner, name, fn any) *redis.Cmd {
+	a := append(c.cmdArgs[:0], name, fn, len(c.keys))
+	for i := range c.keys {
+		a = append(a, &c.keys[i])
+	}
+	a = append(a, c.args...)
+	c.cmdArgs = a
+	cmd := redis.NewCmd(ctx, a...)
+	_ = p.Process(ctx, cmd)
+	return cmd
 }
 
 // isFunctionMissing reports a node that does not hold the library.

@@ -143,6 +143,66 @@ func TestBatchingPerCallDeadline(t *testing.T) {
 	}
 }
 
+// TestBatchingStoreTimeout: the store's own timeout, which a batched call
+// enforces with its pooled timer rather than a context, ends each call
+// (queued behind a stuck batch or in flight) at its own deadline, not at
+// the later deadline of the batch it shares (calls arrive 25ms apart, so a
+// batch's deadline can be 125ms later than its first call's); calls
+// that reuse a pooled timer after a stopped or fired one are not cut short
+// by it, even after idle gaps longer than the timeout.
+func TestBatchingStoreTimeout(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	opts := srv.ClientOptions()
+	opts.ContextTimeoutEnabled = true
+	client := redis.NewClient(opts)
+	defer client.Close()
+	const timeout = 200 * time.Millisecond
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: timeout})
+	rate := Rate{Limit: 1 << 40, Window: time.Hour}
+	check := func(i int) []Check {
+		return []Check{{Algorithm: TokenBucket, Tenant: "t-" + strconv.Itoa(i), Policy: "p", Rate: rate, Cost: 1}}
+	}
+	mustDecide(t, s, check(0)...)
+
+	paused := func(round int) {
+		srv.Pause()
+		defer srv.Resume()
+		var wg sync.WaitGroup
+		// More calls than the flushers can hold in flight: some wait in the
+		// queue behind stuck batches.
+		for i := range 12 {
+			wg.Go(func() {
+				start := time.Now()
+				_, err := s.Decide(bgCtx, check(i), make([]Result, 1))
+				if took := time.Since(start); !IsTimeout(err) || took < timeout-10*time.Millisecond || took > timeout+60*time.Millisecond {
+					t.Errorf("round %d, call %d with Redis paused: %v after %v, want a timeout after about %v", round, i, err, took, timeout)
+				}
+			})
+			time.Sleep(25 * time.Millisecond)
+		}
+		wg.Wait()
+	}
+	answered := func(round int) {
+		for i := range 50 {
+			if _, err := s.Decide(bgCtx, check(i), make([]Result, 1)); err != nil {
+				t.Fatalf("round %d, call %d: %v", round, i, err)
+			}
+			if i%10 == 9 {
+				// Idle for longer than the timeout: a timer not stopped would
+				// have fired by now.
+				time.Sleep(timeout + timeout/2)
+			}
+		}
+	}
+	for round := range 2 {
+		paused(round)
+		// The abandoned calls' batches end at their deadline; give Redis
+		// the stale replies' time, then every call must be answered.
+		time.Sleep(timeout)
+		answered(round)
+	}
+}
+
 // TestBatchingNoScript: a batch answered NOSCRIPT (a flushed script cache)
 // is retried with EVAL, and with functions one answered "Function not
 // found" (a flushed library) is retried after loading the library; every

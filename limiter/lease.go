@@ -124,7 +124,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 	if s.prepare(sc, checks) {
 		return LeaseGrant{}, fmt.Errorf("%w: the buckets span several cluster slots", ErrLeaseUnsupported)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.withTimeout(ctx, sc)
 	defer cancel()
 
 	var nowArg any = argZero

@@ -174,10 +174,15 @@ type redisScript struct {
 type luaScript struct {
 	*redis.Script
 	fn string
+	// fnArg and shaArg are the function's name and the script's digest,
+	// boxed once for the batcher's commands.
+	fnArg, shaArg any
 }
 
 func newLuaScript(src, entry string) *luaScript {
-	return &luaScript{Script: redis.NewScript(src), fn: lua.Function(entry)}
+	s := &luaScript{Script: redis.NewScript(src), fn: lua.Function(entry)}
+	s.fnArg, s.shaArg = s.fn, s.Hash()
+	return s
 }
 
 var (
@@ -230,6 +235,10 @@ type redisScratch struct {
 	results []Result
 	// inFlight: a batch may still send args (its caller gave up).
 	inFlight bool
+	// deadline ends the current call when not zero (else the caller's
+	// context does): a batched call enforces it without a context of its
+	// own, which would cost five allocations per decision.
+	deadline time.Time
 }
 
 // prepare builds the key (and, in a cluster, the slot) of every check and
@@ -296,13 +305,26 @@ func (s *RedisStore) Decide(ctx context.Context, checks []Check, results []Resul
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.withTimeout(ctx, sc)
 	defer cancel()
 	if !multi {
 		admitted, _, err := s.run(ctx, sc, scriptDecide, 0, checks, sc.all, results)
 		return admitted, err
 	}
 	return s.decideSlots(ctx, sc, checks, results)
+}
+
+// withTimeout bounds the calls made with sc by the store's timeout. On a
+// batching store without a cluster it sets sc.deadline, which the batcher
+// enforces without a context of its own; otherwise (the cluster client
+// looks up nodes with ctx, a direct call passes it to go-redis) it returns
+// a context with the timeout.
+func (s *RedisStore) withTimeout(ctx context.Context, sc *redisScratch) (context.Context, context.CancelFunc) {
+	if s.cluster == nil && !s.noBatch {
+		sc.deadline = time.Now().Add(s.timeout)
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.timeout)
 }
 
 // decideSlots decides checks that span several cluster slots, slot by slot
@@ -575,12 +597,17 @@ func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript
 	var err error
 	if b := s.batcherFor(ctx, keys); b != nil {
 		var noscript, abandoned bool
-		v, noscript, abandoned, err = b.do(ctx, rs.script, keys, args)
+		v, noscript, abandoned, err = b.do(ctx, sc.deadline, rs.script, keys, args)
 		sc.inFlight = abandoned
 		if noscript && s.observe != nil {
 			s.observe(rs.name, "noscript", 0)
 		}
 	} else {
+		if !sc.deadline.IsZero() {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, sc.deadline)
+			defer cancel()
+		}
 		v, err = rs.script.EvalSha(ctx, s.client, keys, args...).Result()
 		if isNoScript(err) {
 			if s.observe != nil {
@@ -635,6 +662,7 @@ func (s *RedisStore) batcherFor(ctx context.Context, keys []string) *batcher {
 func (s *RedisStore) getScratch() *redisScratch {
 	sc := s.pool.Get().(*redisScratch)
 	sc.inFlight = false
+	sc.deadline = time.Time{}
 	return sc
 }
 
