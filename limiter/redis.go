@@ -392,7 +392,7 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.withTimeout(ctx, sc)
 	defer cancel()
 	if !multi {
 		_, _, err := s.run(ctx, sc, scriptPeek, 0, checks, sc.all, results)
@@ -451,7 +451,7 @@ func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64
 		if len(g) == 0 {
 			continue
 		}
-		cctx, cancel := context.WithTimeout(ctx, s.timeout)
+		cctx, cancel := s.withTimeout(ctx, sc)
 		_, _, err := s.run(cctx, sc, scriptForce, 0, checks, g, results)
 		cancel()
 		if err != nil {
@@ -723,7 +723,7 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 	if len(sc.keys) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.withTimeout(ctx, sc)
 	defer cancel()
 	if !multi {
 		_, err := s.eval(ctx, sc, scriptRelease, sc.keys, sc.args)
