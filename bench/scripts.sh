@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Redis time per decision, per algorithm: Tollgate's decide script
+# (EVALSHA, the default) and its function library (FCALL, `functions`),
+# next to a floor script that does the least any decision must (TIME, GET,
+# SET ... PX). Each row is run with redis-benchmark (16 calls pipelined per
+# connection, 4 connections, 100 tenants), and the time is Redis's own
+# usec_per_call from INFO commandstats, so the client, the network and
+# wrk-style load are left out; pipelining keeps Redis busy, which is how it
+# runs under a fleet's load. Rounds interleave the rows in a rotated order;
+# the table shows medians over rounds (range in parentheses) and the
+# median ratio to the floor measured in the same round.
+#
+#   ./bench/scripts.sh             # 5 rounds of 100 000 calls per row (~3 min)
+#   ROUNDS=9 ./bench/scripts.sh
+#
+# Installs redis-server and redis-tools from Debian packages when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-5}
+CALLS=${CALLS:-100000}
+
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-benchmark >/dev/null || need+=(redis-tools)
+if [ ${#need[@]} -gt 0 ]; then
+	sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
+	$sudo_cmd apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+work=$(mktemp -d)
+pid=""
+cleanup() {
+	[ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --logfile "$work/redis.log" &
+pid=$!
+for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+go run ./bench/luasrc "$work"
+cli() { redis-cli -p "$port" "$@"; }
+sha=$(cli -x script load <"$work/decide.lua")
+lib=$(cat "$work/library.name")
+cli -x function load replace <"$work/library.lua" >/dev/null
+floor=$(cli script load "local t = redis.call('TIME')
+local v = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], '0123456789abcdef', 'PX', 60000)
+return {1, t[1]}")
+
+# One check on an existing bucket that always allows (the bench_test.go
+# checks): algorithm, limit, window µs, burst, min_interval µs, cost, shadow.
+# The sliding log is 100 per minute, a realistic log, full after a few
+# rounds (denials cost about the same as admissions).
+check() {
+	case $1 in
+	sliding_log) echo "sliding_log 100 60000000 0 0 1 0" ;;
+	*) echo "$1 1099511627776 3600000000 0 0 1 0" ;;
+	esac
+}
+key() { echo "rl:$1:{tenant-__rand_int__}:api:GET%20%2Fv1%2Fitems"; }
+
+# row NAME -> the redis-benchmark arguments of row NAME.
+row() {
+	local name=$1 algo form
+	case $name in
+	floor) echo "evalsha $floor 1 rl:floor:{tenant-__rand_int__}:api"; return ;;
+	3-policies/*)
+		form=${name#3-policies/}
+		local ks="3 rl:token_bucket:{tenant-42}:burst rl:sliding_window:{tenant-42}:minute rl:fixed_window:{tenant-42}:daily"
+		local as="decide 0 token_bucket 1099511627776 1000000 0 0 1 0 sliding_window 1099511627776 60000000 0 0 1 0 fixed_window 1099511627776 86400000000 0 0 1 0"
+		if [ "$form" = fcall ]; then echo "fcall ${lib}_decide $ks $as"; else echo "evalsha $sha $ks $as"; fi
+		return ;;
+	esac
+	algo=${name%/*}; form=${name#*/}
+	if [ "$form" = fcall ]; then
+		echo "fcall ${lib}_decide 1 $(key "$algo") decide 0 $(check "$algo")"
+	else
+		echo "evalsha $sha 1 $(key "$algo") decide 0 $(check "$algo")"
+	fi
+}
+
+rows=(floor)
+for a in token_bucket gcra sliding_window fixed_window sliding_log concurrency 3-policies; do
+	rows+=("$a/evalsha" "$a/fcall")
+done
+
+# measure NAME -> usec_per_call of the row's command.
+measure() {
+	local args cmd
+	args=$(row "$1")
+	cmd=${args%% *}
+	cli config resetstat >/dev/null
+	# shellcheck disable=SC2086
+	redis-benchmark -p "$port" -n "$CALLS" -P 16 -c 4 -r 100 -q $args >/dev/null
+	cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' -v c="cmdstat_$cmd:" 'index($0, c) == 1 { split($2, a, ","); print a[1] }'
+}
+
+# Warm up: every key exists, the library's algorithms are built.
+for r in "${rows[@]}"; do CALLS=2000 measure "$r" >/dev/null; done
+
+results=()
+k=${#rows[@]}
+for round in $(seq "$ROUNDS"); do
+	echo "round $round of $ROUNDS..." >&2
+	for i in $(seq 0 $((k - 1))); do
+		r=${rows[$(((i + round - 1) % k))]}
+		results+=("$round $r $(measure "$r")")
+	done
+done
+
+python3 - "$ROUNDS" "$CALLS" "${results[@]}" <<'PY'
+import sys, statistics
+rounds, calls = sys.argv[1], sys.argv[2]
+rows = [r.split() for r in sys.argv[3:]]
+floor = {rnd: float(us) for rnd, name, us in rows if name == "floor"}
+by = {}
+for rnd, name, us in rows:
+    by.setdefault(name, []).append((float(us), float(us) / floor[rnd]))
+med = statistics.median
+print(f"Redis µs per call (INFO commandstats usec_per_call), {rounds} interleaved rounds of {calls} calls, 16 pipelined x 4 connections; medians (range over rounds).")
+print()
+print("| decision | `EVALSHA` (default): µs | ratio to the floor | `FCALL` (`functions`): µs | ratio to the floor |")
+print("|---|---|---|---|---|")
+def cell(name):
+    xs = by.get(name)
+    if not xs:
+        return "—", "—"
+    us = sorted(x[0] for x in xs)
+    return f"{med(us):.1f} ({us[0]:.1f}–{us[-1]:.1f})", f"{med([x[1] for x in xs]):.2f}"
+us, _ = cell("floor")
+print(f"| floor script (`TIME` + `GET` + `SET PX`) | {us} | 1.00 | — | — |")
+names = {"3-policies": "3 policies of one tenant, one call", "sliding_log": "sliding_log (100 per minute)"}
+for a in ["token_bucket", "gcra", "sliding_window", "fixed_window", "sliding_log", "concurrency", "3-policies"]:
+    e, er = cell(a + "/evalsha")
+    f, fr = cell(a + "/fcall")
+    print(f"| {names.get(a, a)} | {e} | {er} | {f} | {fr} |")
+PY
