@@ -69,7 +69,7 @@ func (s *RedisStore) Refund(ctx context.Context, checks []Check) error {
 	}
 	sc.results = resizeSlice(sc.results, len(refund))
 	results := sc.results
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := s.withTimeout(ctx, sc)
 	defer cancel()
 	for _, g := range groups {
 		// Token bucket and GCRA refunds do not depend on the instant of
