@@ -27,35 +27,14 @@ CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
 ROUNDS=${ROUNDS:-3}
 
-need=()
-command -v wrk >/dev/null || need+=(wrk)
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v redis-cli >/dev/null || need+=(redis-tools)
-if [ ${#need[@]} -gt 0 ]; then
-	sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
-	$sudo_cmd apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+need wrk:wrk redis-server:redis-server redis-cli:redis-tools
 
 echo "building cmd/caddy..." >&2
 go build -o "$work/caddy" ./cmd/caddy
 
-redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --logfile "$work/redis.log" &
-pids+=($!)
-wait_port "$redis_port"
+start_redis
 
 # redis_stat FIELD: a counter of INFO (commandstats or stats).
 redis_stat() {

@@ -20,31 +20,13 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-5}
 CALLS=${CALLS:-100000}
 
-need=()
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v redis-benchmark >/dev/null || need+=(redis-tools)
-if [ ${#need[@]} -gt 0 ]; then
-	sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
-	$sudo_cmd apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-
-work=$(mktemp -d)
-pid=""
-cleanup() {
-	[ -n "$pid" ] && kill "$pid" 2>/dev/null || true
-	wait 2>/dev/null || true
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --logfile "$work/redis.log" &
-pid=$!
-for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+need redis-server:redis-server redis-benchmark:redis-tools
+start_redis
 
 go run ./bench/luasrc "$work"
-cli() { redis-cli -p "$port" "$@"; }
+cli() { redis-cli -p "$redis_port" "$@"; }
 sha=$(cli -x script load <"$work/decide.lua")
 lib=$(cat "$work/library.name")
 cli -x function load replace <"$work/library.lua" >/dev/null
@@ -97,7 +79,7 @@ measure() {
 	cmd=${args%% *}
 	cli config resetstat >/dev/null
 	# shellcheck disable=SC2086
-	redis-benchmark -p "$port" -n "$CALLS" -P 16 -c 4 -r 100 -q $args >/dev/null
+	redis-benchmark -p "$redis_port" -n "$CALLS" -P 16 -c 4 -r 100 -q $args >/dev/null
 	cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' -v c="cmdstat_$cmd:" 'index($0, c) == 1 { split($2, a, ","); print a[1] }'
 }
 

@@ -1,0 +1,40 @@
+# Shared by bench/run.sh and bench/scripts.sh (sourced, not run): tools
+# installed when missing, a work directory and the processes to stop on
+# exit, free loopback ports, and a redis-server of the run's own.
+
+# need COMMAND:PACKAGE...: installs from Debian packages the packages of
+# the commands that are missing.
+need() {
+	local missing=() pair
+	for pair in "$@"; do
+		command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		local sudo_cmd=""
+		[ "$(id -u)" -eq 0 ] || sudo_cmd=sudo
+		$sudo_cmd apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+	fi
+}
+
+# work is removed, and every pid in pids stopped, on exit.
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+# start_redis: a redis-server on a free loopback port, without persistence;
+# sets redis_port.
+start_redis() {
+	redis_port=$(free_port)
+	redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --logfile "$work/redis.log" &
+	pids+=($!)
+	wait_port "$redis_port"
+}
