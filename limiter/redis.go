@@ -173,15 +173,14 @@ type redisScript struct {
 // libraries, else the script; other calls use the script.
 type luaScript struct {
 	*redis.Script
-	fn string
-	// fnArg and shaArg are the function's name and the script's digest,
-	// boxed once for the batcher's commands.
+	// fnArg and shaArg are the library function's name and the script's
+	// digest, boxed once for the batcher's commands.
 	fnArg, shaArg any
 }
 
 func newLuaScript(src, entry string) *luaScript {
-	s := &luaScript{Script: redis.NewScript(src), fn: lua.Function(entry)}
-	s.fnArg, s.shaArg = s.fn, s.Hash()
+	s := &luaScript{Script: redis.NewScript(src), fnArg: lua.Function(entry)}
+	s.shaArg = s.Hash()
 	return s
 }
 
