@@ -25,16 +25,33 @@ import (
 // config is process-global.
 var caddyMu sync.Mutex
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort returns a loopback TCP port that was free a moment ago and
+// that no earlier call returned: the kernel may hand the port it just
+// released to the next bind, so two calls in a row (a Caddy's site and its
+// admin endpoint) could otherwise get the same one, and requests meant for
+// the site reach the admin API.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !portsGiven[port] {
+			portsGiven[port] = true
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // adaptCaddyfile turns a Caddyfile into JSON, failing the test on errors
 // or warnings.
