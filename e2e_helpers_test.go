@@ -19,39 +19,22 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
 
 // caddyMu serializes tests that run Caddy in-process: Caddy's running
 // config is process-global.
 var caddyMu sync.Mutex
 
-// freePort returns a loopback TCP port that was free a moment ago and
-// that no earlier call returned: the kernel may hand the port it just
-// released to the next bind, so two calls in a row (a Caddy's site and its
-// admin endpoint) could otherwise get the same one, and requests meant for
-// the site reach the admin API.
+// freePort returns a loopback TCP port that is free and that no other
+// server of this test process (Redis included) was given: the kernel may
+// hand the port it just released to the next bind, so a Caddy's site and
+// its admin endpoint could otherwise get the same one.
 func freePort(t testing.TB) int {
 	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !portsGiven[port] {
-			portsGiven[port] = true
-			return port
-		}
-	}
+	return redistest.FreePort(t)
 }
-
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)
 
 // adaptCaddyfile turns a Caddyfile into JSON, failing the test on errors
 // or warnings.

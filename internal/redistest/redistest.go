@@ -560,6 +560,15 @@ var (
 	usedPorts = map[int]bool{} // ports handed out by this process, never reused
 )
 
+// FreePort returns a loopback port that is currently free and that this
+// process has not handed out before (to a redis-server or to another
+// caller): for the tests' own servers, so that no two of them, Redis or
+// not, are given the same port.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	return freePort(t, false)
+}
+
 // freePort returns a loopback port that is currently free and has not been
 // handed out before by this process. With bus, port+10000 is free too and
 // port <= 55535 (for a cluster bus).
