@@ -126,6 +126,21 @@ var delayBuckets = []float64{
 	1, 2.5, 5, 10, 30, 60, 300, 900, 3600,
 }
 
+func newCounter(name, help string) prometheus.Counter {
+	catalog(name, "counter", nil)
+	return prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
+	})
+}
+
+func newHistogram(name, help string) prometheus.Histogram {
+	catalog(name, "histogram", nil)
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
+		Buckets: latencyBuckets,
+	})
+}
+
 // newGaugeFunc is a gauge read when scraped: state that lives elsewhere
 // (a released backend then stops counting by itself).
 func newGaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {
@@ -149,6 +164,8 @@ var collectors = struct {
 	tenantNear     *prometheus.CounterVec
 	delay          *prometheus.HistogramVec
 	costMissing    *prometheus.CounterVec
+	redisQueue     prometheus.Histogram
+	redisShed      prometheus.Counter
 }{
 	requests: newCounterVec("requests_total",
 		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
@@ -191,6 +208,10 @@ var collectors = struct {
 	costMissing: newCounterVec("cost_missing_total",
 		"Metered requests (cost_after) whose response gave no valid cost, so only the up-front cost was charged, by policy.",
 		"policy"),
+	redisQueue: newHistogram("redis_queue_seconds",
+		"Time Redis calls waited in this instance before they were written to Redis (not counted against the Redis timeout)."),
+	redisShed: newCounter("redis_shed_total",
+		"Redis calls shed unsent because they waited longer than the queue limit in this instance (a busy host, not a slow Redis); their requests were decided by the fail mode."),
 }
 
 func allCollectors() []prometheus.Collector {
@@ -199,6 +220,7 @@ func allCollectors() []prometheus.Collector {
 		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
 		collectors.tenantRequests, collectors.denialsDropped,
 		collectors.nearLimit, collectors.tenantNear, collectors.delay, collectors.costMissing,
+		collectors.redisQueue, collectors.redisShed,
 		compatCollectors.declined, compatCollectors.processTime, compatCollectors.keys, compatCollectors.config,
 	}
 }
@@ -227,6 +249,14 @@ var _ fleet.Observer = metricsObserver{}
 // RedisCall implements fleet.Observer.
 func (metricsObserver) RedisCall(script, result string, d time.Duration) {
 	observeRedis(script, result, d)
+}
+
+// RedisQueued implements fleet.Observer.
+func (metricsObserver) RedisQueued(wait time.Duration, shed bool) {
+	collectors.redisQueue.Observe(wait.Seconds())
+	if shed {
+		collectors.redisShed.Inc()
+	}
 }
 
 // DenialsDropped implements fleet.Observer.

@@ -418,7 +418,12 @@ func (h *Handler) waitTurn(r *http.Request, st *requestState) error {
 	case <-r.Context().Done():
 		t.Stop()
 	}
-	err := st.decision.Cancel(context.WithoutCancel(r.Context()))
+	var err error
+	if h.stack != nil {
+		err = h.stack.Cancel(context.WithoutCancel(r.Context()), &st.decision)
+	} else {
+		err = st.decision.Cancel(context.WithoutCancel(r.Context()), limiter.Fallback{})
+	}
 	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit: client went away while waiting for its turn; turn given back"); ce != nil {
 		ce.Write(zap.Duration("delay", st.wait), zap.Error(err))
 	}

@@ -139,16 +139,20 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 	b.redis = limiter.NewRedisStore(limiter.RedisOptions{
 		// The go-redis client itself, not its wrapper: the store must see
 		// a *redis.ClusterClient to batch per node and follow slots.
-		Client:    c.UniversalClient,
-		Prefix:    opts.Prefix,
-		Timeout:   timeout,
-		Observe:   b.observeRedis,
-		Functions: opts.Functions,
+		Client:       c.UniversalClient,
+		Prefix:       opts.Prefix,
+		Timeout:      timeout,
+		Observe:      b.observeRedis,
+		ObserveQueue: b.observeQueue,
+		Functions:    opts.Functions,
 	})
 	b.store = limiter.NewBreakerStore(b.redis, limiter.BreakerOptions{
 		Failures:      opts.BreakerFailures,
 		Cooldown:      opts.BreakerCooldown,
 		OnStateChange: b.breakerChanged,
+		// An idle instance closes its breaker too once Redis answers:
+		// one PING per cooldown while open.
+		Probe: b.redis.Ping,
 	})
 	b.reg = limiter.NewRegistry(limiter.RegistryOptions{
 		Client:  c.UniversalClient,
@@ -229,6 +233,14 @@ func (b *Backend) fallbackScale() float64 { return FallbackShare / float64(b.reg
 func (b *Backend) observeRedis(script, result string, d time.Duration) {
 	if o := b.users.observe(); o != nil {
 		o.RedisCall(script, result, d)
+	}
+}
+
+// observeQueue reports how long a Redis call waited in this instance
+// before it was written, and whether it was shed for waiting too long.
+func (b *Backend) observeQueue(wait time.Duration, shed bool) {
+	if o := b.users.observe(); o != nil {
+		o.RedisQueued(wait, shed)
 	}
 }
 

@@ -16,6 +16,10 @@ type Observer interface {
 	// RedisCall is one Redis script round trip: the script, how it ended
 	// ("ok", "error", "timeout", "noscript") and how long it took.
 	RedisCall(script, result string, d time.Duration)
+	// RedisQueued is the time one call waited in this instance before
+	// it was written to Redis, and whether it was shed (not sent) for
+	// waiting longer than the store's queue limit.
+	RedisQueued(wait time.Duration, shed bool)
 	// DenialsDropped counts denials that did not reach the denial stream,
 	// by reason (see DropReasons).
 	DenialsDropped(reason string, n int)

@@ -58,6 +58,7 @@ func NewStack(b *Backend, opts StackOptions) *Stack {
 		s.leases = limiter.NewLeaseStore(limiter.LeaseOptions{
 			Store:     b.store,
 			Taker:     b.store,
+			Recorder:  b.rec,
 			Instances: b.reg.Count,
 			Observe:   opts.ObserveLease,
 			OnGiveBackError: func(err error) {
@@ -87,6 +88,14 @@ func (s *Stack) Decide(ctx context.Context, d *limiter.Decision, items []limiter
 func (s *Stack) Settle(ctx context.Context, d *limiter.Decision, real []int64) error {
 	fb := limiter.Fallback{Store: s.fallback, Scale: s.b.fallbackScale(), Recorder: s.b.rec}
 	return d.Settle(ctx, fb, real)
+}
+
+// Cancel gives back what d holds for a request that will not pass (see
+// limiter.Decision.Cancel): on the store that decided it, a give-back
+// that fails being kept for recovery.
+func (s *Stack) Cancel(ctx context.Context, d *limiter.Decision) error {
+	fb := limiter.Fallback{Store: s.fallback, Scale: s.b.fallbackScale(), Recorder: s.b.rec}
+	return d.Cancel(ctx, fb)
 }
 
 // Store is the store requests are decided by (with the leases in front).

@@ -3,6 +3,8 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,12 +24,22 @@ import (
 // fast: the syscalls and wake-ups of a round trip, not Redis, are most of
 // a decision's cost.
 //
-// Each call keeps its own deadline: its caller waits for its result or its
-// own context, whichever comes first (a call abandoned in flight may still
-// run, as a call that times out without batching may). A batch is sent
-// with the latest deadline of its calls, so no call is cut short by
-// another's. Calls whose context is done before their batch is formed are
-// not sent.
+// Deadlines measure Redis, not this process. A call's deadline (the
+// store's Timeout) starts when its batch is written and bounds the round
+// trip: write, Redis, reply. The time a call spends queued here before
+// that (both flushers busy, the scheduler of a saturated host) is not
+// Redis's: while batches come back in time, queued calls wait their turn,
+// up to the queue limit (RedisOptions.QueueTimeout); a call still queued
+// then is shed with ErrQueueTimeout, unsent, which the breaker does not
+// count. So a busy host delays its calls instead of timing them out and
+// opening the breaker. When Redis leaves a batch unanswered past its
+// deadline, its calls time out and so do the calls queued behind it at
+// that moment (they would only wait one more timeout): a stalled Redis
+// fails every waiting call within one Timeout and opens the breaker. A
+// caller whose context ends stops waiting at once (a call abandoned in
+// flight may still run, as a call that times out without batching may).
+// A batch is sent with the latest deadline of its calls, so no call is
+// cut short by another's.
 //
 // Calls go out as EVALSHA, or, when the store was asked for functions
 // (RedisOptions.Functions), as FCALL of the function library
@@ -51,11 +63,26 @@ type batcher struct {
 	// down: scripts only, from then on.
 	noFunctions atomic.Bool
 
+	// queueLimit is how long a call may wait to be written.
+	queueLimit time.Duration
+
 	mu       sync.Mutex
 	queue    []*batchCall
 	flushers int
 	max      int // flushers at most: batches in flight at once
 }
+
+// ErrQueueTimeout is the error of a call that waited longer than the
+// store's queue limit in this instance for its turn to be written to
+// Redis: the instance, not Redis, was too slow. The call was not sent.
+var ErrQueueTimeout = errors.New("limiter: the call waited too long in this instance's queue to be sent to Redis (not sent)")
+
+// States of a batchCall.
+const (
+	callQueued    uint32 = iota
+	callSent             // taken into a batch
+	callAbandoned        // its caller left before it was taken
+)
 
 // maxBatchFlushers is how many batches one node may have in flight at once.
 // One keeps the node's commands in one ordered stream and maximizes batch
@@ -68,56 +95,67 @@ const maxBatchSize = 256
 
 // batchCall is one script call waiting for its batch.
 type batchCall struct {
-	ctx      context.Context
-	deadline time.Time // the call's own deadline, zero for ctx's alone
-	script   *luaScript
-	keys     []string
-	args     []any
+	ctx     context.Context
+	timeout time.Duration // the round trip's deadline, from the write
+	script  *luaScript
+	keys    []string
+	args    []any
+	state   atomic.Uint32
 
 	cmd     *redis.Cmd
 	done    chan struct{}
 	val     any
 	err     error
 	noscipt bool // the first attempt was answered NOSCRIPT
+	// queued is when the call was queued; sent and took, when its batch
+	// was written and how long its round trip took.
+	queued, sent time.Time
+	took         time.Duration
 
-	// Kept when the call is pooled, so a call allocates neither its
-	// deadline's timer nor its command's arguments: timer ends the wait
-	// at deadline, cmdArgs holds the FCALL or EVALSHA command.
+	// Kept when the call is pooled, so a call allocates neither its queue
+	// limit's timer nor its command's arguments: timer ends the wait in
+	// the queue, cmdArgs holds the FCALL or EVALSHA command.
 	timer   *time.Timer
 	cmdArgs []any
 }
 
 var batchCalls = sync.Pool{New: func() any { return &batchCall{done: make(chan struct{}, 1)} }}
 
-func newBatcher(pipe func() redis.Pipeliner, redirect redis.Scripter, functions bool) *batcher {
-	b := &batcher{pipe: pipe, redirect: redirect, max: maxBatchFlushers}
+func newBatcher(pipe func() redis.Pipeliner, redirect redis.Scripter, functions bool, queueLimit time.Duration) *batcher {
+	b := &batcher{pipe: pipe, redirect: redirect, max: maxBatchFlushers, queueLimit: queueLimit}
 	b.noFunctions.Store(!functions)
 	return b
 }
 
+// callTiming is how a batched call spent its time.
+type callTiming struct {
+	// Queued is the time from do to the write of the call's batch (or to
+	// the end of the wait, for a call never written).
+	Queued time.Duration
+	// Redis is the round trip of the call's batch: write, Redis, reply.
+	// Zero for a call never written.
+	Redis time.Duration
+}
+
 // do runs script as part of the next batch and returns its reply. The
-// call ends at deadline (when not zero) or when ctx ends, whichever comes
-// first: a deadline given here costs no context. noscript reports that
-// Redis first answered NOSCRIPT or "Function not found" (the call was
-// retried after loading the script or the library). abandoned reports that
-// the call ended while it was in a batch: the batch may still send the
-// arguments, so the caller must not reuse them.
-func (b *batcher) do(ctx context.Context, deadline time.Time, script *luaScript, keys []string, args []any) (val any, noscript, abandoned bool, err error) {
+// call waits at most the queue limit to be written (then it fails with
+// ErrQueueTimeout, unsent), then at most timeout for its reply, and no
+// longer than ctx. noscript reports that Redis first answered NOSCRIPT or
+// "Function not found" (the call was retried after loading the script or
+// the library). abandoned reports that the call ended while a batch may
+// still hold it: the batch may still send the arguments, so the caller
+// must not reuse them.
+func (b *batcher) do(ctx context.Context, timeout time.Duration, script *luaScript, keys []string, args []any) (val any, timing callTiming, noscript, abandoned bool, err error) {
 	c := batchCalls.Get().(*batchCall)
-	c.ctx, c.deadline, c.script, c.keys, c.args = ctx, deadline, script, keys, args
-	var expired <-chan time.Time
-	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-		// ctx ends first: its Done says so.
-		c.deadline = d
-	} else if !deadline.IsZero() {
-		wait := time.Until(deadline)
-		if c.timer == nil {
-			c.timer = time.NewTimer(wait)
-		} else {
-			c.timer.Reset(wait)
-		}
-		expired = c.timer.C
+	c.ctx, c.timeout, c.script, c.keys, c.args = ctx, timeout, script, keys, args
+	c.state.Store(callQueued)
+	c.queued = time.Now()
+	if c.timer == nil {
+		c.timer = time.NewTimer(b.queueLimit)
+	} else {
+		c.timer.Reset(b.queueLimit)
 	}
+	queueLimit := c.timer.C
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
 	start := b.flushers < b.max
@@ -128,25 +166,32 @@ func (b *batcher) do(ctx context.Context, deadline time.Time, script *luaScript,
 	if start {
 		go b.flush()
 	}
-	select {
-	case <-c.done:
-		val, noscript, err = c.val, c.noscipt, c.err
-		if expired != nil {
+	for {
+		select {
+		case <-c.done:
+			val, noscript, err = c.val, c.noscipt, c.err
+			timing = callTiming{Queued: c.sent.Sub(c.queued), Redis: c.took}
 			c.timer.Stop()
-		}
-		clear(c.cmdArgs)
-		*c = batchCall{done: c.done, timer: c.timer, cmdArgs: c.cmdArgs[:0]}
-		batchCalls.Put(c)
-		return val, noscript, false, err
-	case <-ctx.Done():
-		// The batch still holds c (and the caller's arguments): it is
-		// dropped, not pooled, once the batch is done with it.
-		if expired != nil {
+			clear(c.cmdArgs)
+			*c = batchCall{done: c.done, timer: c.timer, cmdArgs: c.cmdArgs[:0]}
+			batchCalls.Put(c)
+			return val, timing, noscript, false, err
+		case <-ctx.Done():
+			// The batch may still hold c (and the caller's arguments): it
+			// is dropped, not pooled, once the batch is done with it.
 			c.timer.Stop()
+			if c.state.CompareAndSwap(callQueued, callAbandoned) {
+				timing.Queued = time.Since(c.queued)
+			}
+			return nil, timing, false, true, ctx.Err()
+		case <-queueLimit:
+			if c.state.CompareAndSwap(callQueued, callAbandoned) {
+				// Never written: the flusher skips it.
+				return nil, callTiming{Queued: time.Since(c.queued)}, false, true, ErrQueueTimeout
+			}
+			// Written meanwhile: its batch's deadline bounds the wait.
+			queueLimit = nil
 		}
-		return nil, false, true, ctx.Err()
-	case <-expired:
-		return nil, false, true, context.DeadlineExceeded
 	}
 }
 
@@ -166,39 +211,60 @@ func (b *batcher) flush() {
 		clear(b.queue[rest:])
 		b.queue = b.queue[:rest]
 		b.mu.Unlock()
-		b.send(batch)
+		if b.send(batch) {
+			b.failQueued()
+		}
 		clear(batch)
 	}
 }
 
-// send runs one batch and hands every call its result.
-func (b *batcher) send(batch []*batchCall) {
-	live := batch[:0]
-	var deadline time.Time
+// errBehindStalled is the error of calls that were waiting to be written
+// while Redis did not answer the batch ahead of them within its timeout:
+// a timeout of Redis's, which the breaker counts.
+var errBehindStalled = fmt.Errorf("redis did not answer the batch ahead of this call within the timeout: %w", context.DeadlineExceeded)
+
+// failQueued fails every call still queued with errBehindStalled: a batch
+// just timed out, so Redis is not answering, and sending them would only
+// make each wait one more timeout. (When this instance is merely busy,
+// batches come back in time and queued calls wait their turn.)
+func (b *batcher) failQueued() {
+	b.mu.Lock()
+	stalled := b.queue
+	b.queue = nil
+	b.mu.Unlock()
 	now := time.Now()
+	for _, c := range stalled {
+		if c.state.CompareAndSwap(callQueued, callSent) {
+			c.sent = now
+			b.finish(c, nil, errBehindStalled)
+		}
+	}
+}
+
+// send runs one batch and hands every call its result. It reports
+// whether Redis left the batch unanswered past its deadline.
+func (b *batcher) send(batch []*batchCall) (timedOut bool) {
+	live := batch[:0]
+	var timeout time.Duration
 	for _, c := range batch {
+		if !c.state.CompareAndSwap(callQueued, callSent) {
+			continue // its caller left; nobody reads its result
+		}
 		if err := c.ctx.Err(); err != nil {
+			c.sent = time.Now()
 			b.finish(c, nil, err)
 			continue
 		}
-		if !c.deadline.IsZero() && !now.Before(c.deadline) {
-			b.finish(c, nil, context.DeadlineExceeded)
-			continue
-		}
-		if c.deadline.After(deadline) {
-			deadline = c.deadline
-		}
+		timeout = max(timeout, c.timeout)
 		live = append(live, c)
 	}
 	if len(live) == 0 {
-		return
+		return false
 	}
-	ctx := context.Background()
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
+	// The deadline starts now, at the write: time queued is not Redis's.
+	sent := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), sent.Add(timeout))
+	defer cancel()
 	fcall := !b.noFunctions.Load()
 	mode := execEvalSha
 	if fcall {
@@ -233,16 +299,22 @@ func (b *batcher) send(batch []*batchCall) {
 	default:
 		b.exec(ctx, retry, execEval)
 	}
+	took := time.Since(sent)
+	timedOut = ctx.Err() != nil
 	for _, c := range live {
 		val, err := c.cmd.Result()
 		if b.redirect != nil && isRedirect(err) {
-			val, err = c.script.EvalSha(c.ctx, b.redirect, c.keys, c.args...).Result()
+			rctx, rcancel := context.WithTimeout(c.ctx, c.timeout)
+			val, err = c.script.EvalSha(rctx, b.redirect, c.keys, c.args...).Result()
 			if isNoScript(err) {
-				val, err = c.script.Eval(c.ctx, b.redirect, c.keys, c.args...).Result()
+				val, err = c.script.Eval(rctx, b.redirect, c.keys, c.args...).Result()
 			}
+			rcancel()
 		}
+		c.sent, c.took = sent, took
 		b.finish(c, val, err)
 	}
+	return timedOut
 }
 
 // How exec sends its calls.
@@ -250,7 +322,7 @@ const (
 	execFCall     = iota // FCALL of the library function
 	execLoadFCall        // FUNCTION LOAD REPLACE of the library, then FCALL
 	execEvalSha
-	execEval
+	execEval // SCRIPT LOAD of the calls' scripts, then EVALSHA
 )
 
 // exec sends calls as one pipeline, as mode says. It reports false when
@@ -262,12 +334,21 @@ func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
 	if mode == execLoadFCall {
 		load = p.FunctionLoadReplace(ctx, lua.Library)
 	}
+	if mode == execEval {
+		// Each script once, then the calls by digest: a batch of
+		// hundreds of calls must not send the source hundreds of times.
+		var loaded []*luaScript
+		for _, c := range calls {
+			if !slices.Contains(loaded, c.script) {
+				loaded = append(loaded, c.script)
+				p.ScriptLoad(ctx, c.script.src)
+			}
+		}
+	}
 	for _, c := range calls {
 		switch mode {
 		case execFCall, execLoadFCall:
 			c.cmd = c.command(ctx, p, argFCall, c.script.fnArg)
-		case execEval:
-			c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
 		default:
 			c.cmd = c.command(ctx, p, argEvalSha, c.script.shaArg)
 		}

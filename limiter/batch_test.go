@@ -143,13 +143,12 @@ func TestBatchingPerCallDeadline(t *testing.T) {
 	}
 }
 
-// TestBatchingStoreTimeout: the store's own timeout, which a batched call
-// enforces with its pooled timer rather than a context, ends each call
-// (queued behind a stuck batch or in flight) at its own deadline, not at
-// the later deadline of the batch it shares (calls arrive 25ms apart, so a
-// batch's deadline can be 125ms later than its first call's); calls
-// that reuse a pooled timer after a stopped or fired one are not cut short
-// by it, even after idle gaps longer than the timeout.
+// TestBatchingStoreTimeout: with Redis paused, every call ends within the
+// store's timeout: a call written to Redis one timeout after its write
+// (its round trip measured as such), a call queued behind a batch Redis
+// left unanswered when that batch timed out, never later; calls that reuse
+// a pooled queue timer after a stopped one are not cut short by it, even
+// after idle gaps longer than the timeout.
 func TestBatchingStoreTimeout(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	opts := srv.ClientOptions()
@@ -157,7 +156,15 @@ func TestBatchingStoreTimeout(t *testing.T) {
 	client := redis.NewClient(opts)
 	defer client.Close()
 	const timeout = 200 * time.Millisecond
-	s := NewRedisStore(RedisOptions{Client: client, Timeout: timeout})
+	var mu sync.Mutex
+	var trips []time.Duration // round trips of timed-out calls that were written
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: timeout, Observe: func(_, result string, d time.Duration) {
+		if result == "timeout" && d > 0 {
+			mu.Lock()
+			trips = append(trips, d)
+			mu.Unlock()
+		}
+	}})
 	rate := Rate{Limit: 1 << 40, Window: time.Hour}
 	check := func(i int) []Check {
 		return []Check{{Algorithm: TokenBucket, Tenant: "t-" + strconv.Itoa(i), Policy: "p", Rate: rate, Cost: 1}}
@@ -167,6 +174,9 @@ func TestBatchingStoreTimeout(t *testing.T) {
 	paused := func(round int) {
 		srv.Pause()
 		defer srv.Resume()
+		mu.Lock()
+		trips = trips[:0]
+		mu.Unlock()
 		var wg sync.WaitGroup
 		// More calls than the flushers can hold in flight: some wait in the
 		// queue behind stuck batches.
@@ -174,13 +184,23 @@ func TestBatchingStoreTimeout(t *testing.T) {
 			wg.Go(func() {
 				start := time.Now()
 				_, err := s.Decide(bgCtx, check(i), make([]Result, 1))
-				if took := time.Since(start); !IsTimeout(err) || took < timeout-10*time.Millisecond || took > timeout+60*time.Millisecond {
-					t.Errorf("round %d, call %d with Redis paused: %v after %v, want a timeout after about %v", round, i, err, took, timeout)
+				if took := time.Since(start); !IsTimeout(err) || took > timeout+60*time.Millisecond {
+					t.Errorf("round %d, call %d with Redis paused: %v after %v, want a timeout within about %v", round, i, err, took, timeout)
 				}
 			})
 			time.Sleep(25 * time.Millisecond)
 		}
 		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(trips) < 2 {
+			t.Errorf("round %d: %d written calls timed out, want at least the first two batches'", round, len(trips))
+		}
+		for _, d := range trips {
+			if d < timeout-10*time.Millisecond || d > timeout+60*time.Millisecond {
+				t.Errorf("round %d: a written call's round trip timed out after %v, want about %v", round, d, timeout)
+			}
+		}
 	}
 	answered := func(round int) {
 		for i := range 50 {

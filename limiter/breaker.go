@@ -36,6 +36,13 @@ type BreakerOptions struct {
 	// with the breaker's lock held: the function must be quick and must not
 	// call the BreakerStore.
 	OnStateChange func(open bool, err error)
+	// Probe, when not nil, is called in the background once each cooldown
+	// has passed while the breaker is open, as a probe call would be, so
+	// the breaker closes within a cooldown of the store answering again
+	// even when no request comes (an idle instance must not report a
+	// healthy store as down). It must bound its own duration (a
+	// RedisStore's Ping does).
+	Probe func(ctx context.Context) error
 }
 
 // Breaker states.
@@ -78,6 +85,7 @@ type BreakerStore struct {
 	cooldown int64 // ns
 	clock    Clock
 	onChange func(open bool, err error)
+	probe    func(ctx context.Context) error
 
 	// state, until and epoch are written only with mu held; read freely.
 	state atomic.Uint32
@@ -91,6 +99,11 @@ type BreakerStore struct {
 	// fails counts consecutive failures while closed.
 	fails atomic.Int32
 	mu    sync.Mutex
+	// probeTimer runs the background probe (Probe); closed stops it;
+	// probes counts the running ones, for Close. With mu held.
+	probeTimer *time.Timer
+	closed     bool
+	probes     sync.WaitGroup
 }
 
 var _ Store = (*BreakerStore)(nil)
@@ -112,6 +125,7 @@ func NewBreakerStore(inner Store, opts BreakerOptions) *BreakerStore {
 		cooldown: int64(opts.Cooldown),
 		clock:    opts.Clock,
 		onChange: opts.OnStateChange,
+		probe:    opts.Probe,
 	}
 }
 
@@ -168,9 +182,10 @@ func classify(ctx context.Context, err error) outcome {
 	case err == nil:
 		return outcomeOK
 	case ctx.Err() != nil, errors.Is(err, ErrInvalidCheck), errors.Is(err, errShortResults), errors.Is(err, ErrBreakerOpen),
-		errors.Is(err, ErrLeaseUnsupported):
+		errors.Is(err, ErrLeaseUnsupported), errors.Is(err, ErrQueueTimeout):
 		// A nested breaker's refusal is not a new failure of the store
-		// either: its own breaker counted those.
+		// either: its own breaker counted those. Nor is a call shed from
+		// this instance's own queue: the host was slow, not the store.
 		return outcomeNeutral
 	}
 	return outcomeFailed
@@ -212,12 +227,54 @@ func (b *BreakerStore) after(ctx context.Context, t ticket, err error) {
 		b.until.Store(b.clock.Now().UnixNano() + b.cooldown)
 		b.epoch.Add(1)
 		b.state.Store(breakerOpen)
+		b.scheduleProbe()
 	default:
 		// The probe told nothing: the next call probes.
 		b.until.Store(0)
 		b.epoch.Add(1)
 		b.state.Store(breakerOpen)
+		b.scheduleProbe()
 	}
+}
+
+// scheduleProbe arms the background probe for the end of the cooldown;
+// with b.mu held, the breaker open.
+func (b *BreakerStore) scheduleProbe() {
+	if b.probe == nil || b.closed {
+		return
+	}
+	wait := time.Duration(b.until.Load() - b.clock.Now().UnixNano())
+	if b.probeTimer == nil {
+		b.probeTimer = time.AfterFunc(wait, b.backgroundProbe)
+	} else {
+		b.probeTimer.Reset(wait)
+	}
+}
+
+// backgroundProbe probes the store when no call did since the cooldown
+// ended (see BreakerOptions.Probe).
+func (b *BreakerStore) backgroundProbe() {
+	b.mu.Lock()
+	if b.closed || b.state.Load() == breakerClosed {
+		b.mu.Unlock()
+		return
+	}
+	b.probes.Add(1)
+	b.mu.Unlock()
+	defer b.probes.Done()
+	t, err := b.before()
+	if err != nil || !t.probe {
+		// Not due yet, or a request's probe is in flight: look again
+		// when it is due.
+		b.mu.Lock()
+		if b.state.Load() != breakerClosed {
+			b.scheduleProbe()
+		}
+		b.mu.Unlock()
+		return
+	}
+	ctx := context.Background()
+	b.after(ctx, t, b.probe(ctx))
 }
 
 // trip opens the breaker if it is still closed in epoch e.
@@ -231,6 +288,7 @@ func (b *BreakerStore) trip(e uint64, err error) {
 	b.epoch.Add(1)
 	b.state.Store(breakerOpen)
 	b.fails.Store(0)
+	b.scheduleProbe()
 	if b.onChange != nil {
 		b.onChange(true, err)
 	}
@@ -284,9 +342,9 @@ func (b *BreakerStore) Reset(ctx context.Context, tenant, policy string) error {
 
 // Charge implements Charger when the inner store does; otherwise it
 // returns ErrNoCharge.
-func (b *BreakerStore) Charge(ctx context.Context, checks []Check, charged []int64) error {
+func (b *BreakerStore) Charge(ctx context.Context, id string, checks []Check, charged []int64) error {
 	for i := range min(len(checks), len(charged)) {
-		charged[i] = -1
+		charged[i] = ChargeFailed
 	}
 	c, ok := b.inner.(Charger)
 	if !ok {
@@ -296,10 +354,20 @@ func (b *BreakerStore) Charge(ctx context.Context, checks []Check, charged []int
 	if err != nil {
 		return err
 	}
-	err = c.Charge(ctx, checks, charged)
+	err = c.Charge(ctx, id, checks, charged)
 	b.after(ctx, t, err)
 	return err
 }
 
-// Close implements Store: it closes the inner store.
-func (b *BreakerStore) Close() error { return b.inner.Close() }
+// Close implements Store: it stops the background probes, waits for one
+// in flight, and closes the inner store.
+func (b *BreakerStore) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	if b.probeTimer != nil {
+		b.probeTimer.Stop()
+	}
+	b.mu.Unlock()
+	b.probes.Wait()
+	return b.inner.Close()
+}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // scriptedStore is a Store whose every call returns what fail says (nil:
@@ -45,7 +47,7 @@ func (s *scriptedStore) Reset(ctx context.Context, _, _ string) error          {
 func (s *scriptedStore) Close() error                                          { return nil }
 
 // Charge makes scriptedStore a Charger.
-func (s *scriptedStore) Charge(ctx context.Context, checks []Check, charged []int64) error {
+func (s *scriptedStore) Charge(ctx context.Context, _ string, checks []Check, charged []int64) error {
 	err := s.do(ctx)
 	for i := range checks {
 		charged[i] = checks[i].Cost
@@ -141,7 +143,7 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 		func() error { return b.Peek(context.Background(), oneCheck, make([]Result, 1)) },
 		func() error { return b.Release(context.Background(), oneCheck) },
 		func() error { return b.Reset(context.Background(), "t", "") },
-		func() error { return b.Charge(context.Background(), oneCheck, make([]int64, 1)) },
+		func() error { return b.Charge(context.Background(), "", oneCheck, make([]int64, 1)) },
 	} {
 		if err := f(); !errors.Is(err, ErrBreakerOpen) {
 			t.Fatalf("open breaker: %v, want ErrBreakerOpen", err)
@@ -454,12 +456,12 @@ func TestBreakerConcurrent(t *testing.T) {
 
 func TestBreakerChargeNeedsCharger(t *testing.T) {
 	b := NewBreakerStore(brokenStore{}, BreakerOptions{})
-	if err := b.Charge(context.Background(), oneCheck, make([]int64, 1)); !errors.Is(err, ErrNoCharge) {
+	if err := b.Charge(context.Background(), "", oneCheck, make([]int64, 1)); !errors.Is(err, ErrNoCharge) {
 		t.Fatalf("%v, want ErrNoCharge", err)
 	}
 	b2, inner, _, _ := newTestBreaker(t, 1, time.Second)
 	charged := make([]int64, 1)
-	if err := b2.Charge(context.Background(), oneCheck, charged); err != nil || charged[0] != 1 || inner.calls.Load() != 1 {
+	if err := b2.Charge(context.Background(), "", oneCheck, charged); err != nil || charged[0] != 1 || inner.calls.Load() != 1 {
 		t.Fatalf("Charge through the breaker: %v %v", err, charged)
 	}
 }
@@ -491,4 +493,71 @@ func BenchmarkBreakerClosed(b *testing.B) {
 			br.Decide(ctx, oneCheck, res)
 		}
 	})
+}
+
+// TestBreakerBackgroundProbe: with a Probe, an open breaker probes by
+// itself once each cooldown has passed, without any call: a probe that
+// fails keeps it open for another cooldown, one that succeeds closes it.
+// Close stops the probes and leaves no goroutine behind.
+func TestBreakerBackgroundProbe(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	inner := &scriptedStore{}
+	inner.set(failWith(errDown))
+	var probes atomic.Int64
+	var probeErr atomic.Pointer[error]
+	probeErr.Store(&errDown)
+	var tr transitions
+	const cooldown = 60 * time.Millisecond
+	b := NewBreakerStore(inner, BreakerOptions{Failures: 1, Cooldown: cooldown, OnStateChange: tr.record,
+		Probe: func(context.Context) error {
+			probes.Add(1)
+			return *probeErr.Load()
+		}})
+	if _, err := b.Decide(bgCtx, oneCheck, make([]Result, 1)); !errors.Is(err, errDown) || !b.Open() {
+		t.Fatalf("first failure: %v, open %v", err, b.Open())
+	}
+	opened := time.Now()
+	// Two failed probes, a cooldown apart, and still open.
+	for probes.Load() < 2 {
+		if time.Since(opened) > 20*cooldown {
+			t.Fatalf("%d background probes after %v", probes.Load(), time.Since(opened))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d := time.Since(opened); d < 2*cooldown {
+		t.Fatalf("2 probes after %v, want one per cooldown (%v)", d, cooldown)
+	}
+	if !b.Open() {
+		t.Fatal("closed after failed probes")
+	}
+	var ok error
+	probeErr.Store(&ok)
+	back := time.Now()
+	for b.Open() {
+		if time.Since(back) > cooldown+100*time.Millisecond {
+			t.Fatalf("still open %v after the store answered, with no call (cooldown %v)", time.Since(back), cooldown)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if inner.calls.Load() != 1 {
+		t.Errorf("%d calls reached the store, want only the first: probes are the Probe's", inner.calls.Load())
+	}
+	tr.mu.Lock()
+	got := fmt.Sprint(tr.log)
+	tr.mu.Unlock()
+	if got != "[open(store down) close(<nil>)]" {
+		t.Errorf("transitions %s", got)
+	}
+	// Open again, then closed: no probe after Close.
+	if _, err := b.Decide(bgCtx, oneCheck, make([]Result, 1)); !errors.Is(err, errDown) || !b.Open() {
+		t.Fatal("did not open again")
+	}
+	n := probes.Load()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * cooldown)
+	if probes.Load() != n {
+		t.Errorf("%d probes after Close", probes.Load()-n)
+	}
 }

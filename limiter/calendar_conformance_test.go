@@ -275,7 +275,7 @@ func decideSkewed(s *RedisStore, checks []Check, redisNow, gatewayNow time.Time)
 		return false, nil, err
 	}
 	res := make([]Result, len(checks))
-	ok, _, err := parseReply(reply, sc.all, res)
+	ok, _, err := parseReply(reply, sc.all, res, nil)
 	return ok, res, err
 }
 

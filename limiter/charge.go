@@ -4,21 +4,21 @@ import "context"
 
 var _ Charger = (*MemoryStore)(nil)
 
-// Charge implements Charger with the semantics of RedisStore.Charge: each
-// check is charged min(Cost, what its bucket holds) units, in order,
-// whatever the others do (two checks of one bucket are chained);
-// min_interval (except for the bucket's expiry), delays and shadow flags
-// are ignored and concurrency
-// checks are never charged. charged[i] receives the units charged, or
-// ChargeRefused for an invalid check, which is skipped.
-func (m *MemoryStore) Charge(_ context.Context, checks []Check, charged []int64) error {
+// Charge implements Charger with the semantics of RedisStore.Charge:
+// each check moves its units, in order, whatever the others do (two
+// checks of one bucket are chained); min_interval (except for the
+// bucket's expiry), delays and shadow flags are ignored and concurrency
+// checks are never charged. charged[i] receives the units moved, or
+// ChargeRefused for an invalid check, which is skipped. id is ignored: a
+// call in process never loses its answer, so it is never retried.
+func (m *MemoryStore) Charge(_ context.Context, _ string, checks []Check, charged []int64) error {
 	if len(charged) < len(checks) {
 		return errShortResults
 	}
 	forced := make([]Check, 0, len(checks))
 	idx := make([]int, 0, len(checks))
 	for i := range checks {
-		if checks[i].validate() != nil {
+		if chargeable(&checks[i]) != nil {
 			charged[i] = ChargeRefused
 			continue
 		}
@@ -40,21 +40,31 @@ func (m *MemoryStore) Charge(_ context.Context, checks []Check, charged []int64)
 		// Decided without min_interval; the bucket keeps it (its TTL).
 		r := c.Rate
 		r.MinInterval = 0
-		var units int64
-		if c.Algorithm != Concurrency {
-			peek, _ := evalAlgorithm(c.Algorithm, base, log, now, r, 0)
-			units = min(c.Cost, peek.Remaining)
-		}
-		c.Cost = units
 		sc.charge[i] = false
 		sc.cur[f] = base
-		if units > 0 {
+		var units int64
+		switch {
+		case c.Cost < 0:
+			// A bucket that is not there has nothing to give back.
+			if givesBack(c.Algorithm) && sc.ent[f] != nil {
+				units = c.Cost
+				next := refundUnits(c.Algorithm, base, r, -c.Cost)
+				sc.charge[i], sc.next[i], sc.cur[f] = true, next, next
+			}
+		case c.Algorithm != Concurrency:
+			peek, _ := evalAlgorithm(c.Algorithm, base, log, now, r, 0)
+			units = min(c.Cost, peek.Remaining)
+			if units <= 0 {
+				units = 0
+				break
+			}
 			if res, next := evalAlgorithm(c.Algorithm, base, log, now, r, units); res.Allowed {
 				sc.charge[i], sc.next[i], sc.cur[f] = true, next, next
 			} else {
 				units = 0
 			}
 		}
+		c.Cost = units
 		charged[idx[i]] = units
 	}
 	m.charge(sc, forced, now)

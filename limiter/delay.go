@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"errors"
-	"hash/maphash"
 	"time"
 )
 
@@ -68,79 +67,15 @@ func refundUnits(a Algorithm, s bucketState, r Rate, cost int64) bucketState {
 	return s
 }
 
-// Refunder is a Store that can give back what an admitted Decide charged
-// a request that then did not pass: a request that waited for its turn
-// and whose client went away.
-type Refunder interface {
-	// Refund gives Cost units back to each TokenBucket and GCRA check of
-	// checks (other algorithms are ignored), never beyond a full bucket. A
-	// bucket that expired or was reset meanwhile has nothing to give back.
-	// Pass only checks that were charged.
-	Refund(ctx context.Context, checks []Check) error
-}
+// givesBack reports whether units charged to a bucket of algorithm a can
+// be given back (Charger, negative costs): a token bucket's or GCRA's
+// units mean the same whenever they were charged. Window and log units
+// belong to the instant they were charged at.
+func givesBack(a Algorithm) bool { return a == TokenBucket || a == GCRA }
 
-var (
-	_ Refunder = (*MemoryStore)(nil)
-	_ Refunder = (*RedisStore)(nil)
-	_ Refunder = (*BreakerStore)(nil)
-	_ Refunder = (*LeaseStore)(nil)
-)
-
-// refundable reports whether Refund gives c back.
-func refundable(c *Check) bool {
-	return c.Cost > 0 && (c.Algorithm == TokenBucket || c.Algorithm == GCRA)
-}
-
-// Refund implements Refunder.
-func (m *MemoryStore) Refund(_ context.Context, checks []Check) error {
-	for i := range checks {
-		if err := checks[i].validate(); err != nil {
-			return err
-		}
-	}
-	sc := m.pool.Get().(*memScratch)
-	defer m.pool.Put(sc)
-	for i := range checks {
-		c := &checks[i]
-		if !refundable(c) {
-			continue
-		}
-		sc.key = AppendKey(sc.key[:0], m.prefix, c.Algorithm, c.Tenant, c.Policy, c.Part)
-		sh := &m.shards[maphash.Bytes(m.seed, sc.key)&m.mask]
-		sh.mu.Lock()
-		if e := sh.m[string(sc.key)]; e != nil && m.now() < e.expires {
-			e.s = refundUnits(c.Algorithm, e.s, c.Rate, c.Cost)
-			e.expires = expiresAt(c.Algorithm, e.s, nil, c.Rate)
-		}
-		sh.mu.Unlock()
-	}
-	return nil
-}
-
-// Refund implements Refunder. While the breaker is open it fails with
-// ErrBreakerOpen, and the units stay charged until the bucket refills.
-func (b *BreakerStore) Refund(ctx context.Context, checks []Check) error {
-	rf, ok := b.inner.(Refunder)
-	if !ok {
-		return nil
-	}
-	t, err := b.before()
-	if err != nil {
-		return err
-	}
-	err = rf.Refund(ctx, checks)
-	b.after(ctx, t, err)
-	return err
-}
-
-// Refund implements Refunder: reservations are never served from a
-// lease, so what a request was charged goes back to the inner store.
-func (s *LeaseStore) Refund(ctx context.Context, checks []Check) error {
-	if rf, ok := s.inner.(Refunder); ok {
-		return rf.Refund(ctx, checks)
-	}
-	return nil
-}
+// refundable reports whether a request's charge of c is given back when
+// it does not pass after all.
+func refundable(c *Check) bool { return c.Cost > 0 && givesBack(c.Algorithm) }
 
 // Wait is how long an admitted request waits for its turn before it
 // passes: the longest Wait of its enforced verdicts. 0 when it passes at
@@ -161,23 +96,51 @@ func (d *Decision) Wait() time.Duration {
 // Cancel gives back what an admitted decision holds, for a request that
 // will not pass after all (its client went away while it waited for its
 // turn): the units of its token_bucket and gcra checks go back to their
-// buckets (see Refunder) and its concurrency slots are released. Other
-// algorithms keep their charge, as for any admitted request. Call it at
-// most once, instead of Release; it is a no-op when nothing was admitted.
-func (d *Decision) Cancel(ctx context.Context) error {
+// buckets (a Charge of negative costs) and its concurrency slots are
+// released. Other algorithms keep their charge, as for any admitted
+// request. Call it at most once, instead of Release; it is a no-op when
+// nothing was admitted.
+//
+// The give-back carries an id (NewChargeID): when the store fails, it is
+// kept by fb.Recorder and sent again until the store answers, so the
+// units go back once. A request the fallback decided gives its units back
+// there, and they are taken off what fb.Recorder holds for the primary
+// store.
+func (d *Decision) Cancel(ctx context.Context, fb Fallback) error {
 	if !d.Admitted || d.decidedBy == nil {
 		return nil
 	}
-	var refund []Check
-	for j := range d.checks {
+	var back []Check
+	var rates []Rate
+	for j, i := range d.counted {
 		// Charged: every non-shadow check, and shadow ones that allowed.
-		if c := &d.checks[j]; refundable(c) && d.results[j].Allowed {
-			refund = append(refund, *c)
+		if c := d.checks[j]; refundable(&c) && d.results[j].Allowed {
+			c.Cost, c.Shadow, c.Rate.Delay = -c.Cost, false, 0
+			back = append(back, c)
+			rates = append(rates, d.Verdicts[i].Limit.Rate)
 		}
 	}
 	var err error
-	if rf, ok := d.decidedBy.(Refunder); ok && len(refund) > 0 {
-		err = rf.Refund(ctx, refund)
+	if ch, ok := d.decidedBy.(Charger); ok && len(back) > 0 {
+		local := fb.Store != nil && d.decidedBy == fb.Store
+		id := ""
+		if !local {
+			id = NewChargeID()
+		}
+		err = ch.Charge(ctx, id, back, make([]int64, len(back)))
+		switch {
+		case fb.Recorder == nil:
+		case local:
+			// Take back what DecideOrFallback recorded.
+			for k := range back {
+				fb.Recorder.Record(&back[k], rates[k], back[k].Cost)
+			}
+		case err != nil && !errors.Is(err, ErrInvalidCheck):
+			for k := range back {
+				back[k].Rate = rates[k]
+			}
+			fb.Recorder.Retry(id, back)
+		}
 	}
 	return errors.Join(err, d.Release(ctx))
 }

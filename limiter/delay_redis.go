@@ -1,7 +1,5 @@
 package limiter
 
-import "context"
-
 // Delays on Redis. A check whose request may wait for its turn keeps its
 // layout (CHECK_ARGS): its algorithm argument becomes "token_bucket_delay"
 // or "gcra_delay" (lua/delay.lua), and its min_interval argument, which
@@ -42,41 +40,4 @@ func takeWaits(idx []int, results []Result) {
 			r.Wait, r.RetryAfter = r.RetryAfter, 0
 		}
 	}
-}
-
-// Refund implements Refunder with the refund script (lua.Refund), one
-// call per cluster slot, each with the store's Timeout.
-func (s *RedisStore) Refund(ctx context.Context, checks []Check) error {
-	var refund []Check
-	for i := range checks {
-		c := &checks[i]
-		if err := c.validate(); err != nil {
-			return err
-		}
-		if refundable(c) {
-			refund = append(refund, *c)
-		}
-	}
-	if len(refund) == 0 {
-		return nil
-	}
-	sc := s.getScratch()
-	defer s.putScratch(sc)
-	multi := s.prepare(sc, refund)
-	groups := [][]int{sc.all}
-	if multi {
-		groups = sc.groups()
-	}
-	sc.results = resizeSlice(sc.results, len(refund))
-	results := sc.results
-	ctx, cancel := s.withTimeout(ctx, sc)
-	defer cancel()
-	for _, g := range groups {
-		// Token bucket and GCRA refunds do not depend on the instant of
-		// the charge.
-		if _, _, err := s.run(ctx, sc, scriptRefund, 0, refund, g, results); err != nil {
-			return err
-		}
-	}
-	return nil
 }

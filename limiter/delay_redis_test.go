@@ -38,7 +38,7 @@ func TestDelayClusterSlots(t *testing.T) {
 	if peek[0].Reset != 400*time.Millisecond || peek[1].Reset != 400*time.Millisecond {
 		t.Fatalf("after a denial across slots: %+v, want both buckets 4 turns deep", peek)
 	}
-	if err := s.Refund(bgCtx, []Check{x, y, withCost(x, 0)}); err != nil {
+	if err := giveBack(s, []Check{x, y, withCost(x, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	peek = mustPeek(t, s, withCost(x, 0), withCost(y, 0))
@@ -59,7 +59,7 @@ func TestDelayNotForced(t *testing.T) {
 		c := Check{Algorithm: algo, Tenant: "forced", Policy: algo.String(), Rate: delayRate, Cost: 1}
 		mustDecide(t, s, c)
 		charged := make([]int64, 1)
-		if err := s.Charge(bgCtx, []Check{withCost(c, 5)}, charged); err != nil || charged[0] != 0 {
+		if err := s.Charge(bgCtx, "", []Check{withCost(c, 5)}, charged); err != nil || charged[0] != 0 {
 			t.Fatalf("%s: Charge = %v, charged %d, want 0 (the bucket is empty)", algo, err, charged[0])
 		}
 		if _, res := mustDecide(t, s, c); res[0].Wait != 100*time.Millisecond {
@@ -118,31 +118,31 @@ func TestDelayLease(t *testing.T) {
 	}
 }
 
-// refundCounter is a store whose decisions fail and whose refunds are
+// failingDecider is a store whose decisions fail and whose charges are
 // counted.
-type refundCounter struct {
+type failingDecider struct {
 	brokenStore
-	refunds int
+	charges int
 }
 
-func (r *refundCounter) Refund(context.Context, []Check) error {
-	r.refunds++
+func (r *failingDecider) Charge(context.Context, string, []Check, []int64) error {
+	r.charges++
 	return nil
 }
 
-// TestDelayBreakerRefund: a refund goes through a closed breaker and is
+// TestDelayBreakerRefund: a give-back goes through a closed breaker and is
 // refused by an open one.
 func TestDelayBreakerRefund(t *testing.T) {
-	inner := &refundCounter{}
+	inner := &failingDecider{}
 	b := NewBreakerStore(inner, BreakerOptions{Failures: 1, Cooldown: time.Hour})
 	c := []Check{tbCheck("t", "p", 1, time.Second)}
-	if err := b.Refund(bgCtx, c); err != nil || inner.refunds != 1 {
-		t.Fatalf("closed: %v, %d refunds", err, inner.refunds)
+	if err := giveBack(b, c); err != nil || inner.charges != 1 {
+		t.Fatalf("closed: %v, %d give-backs", err, inner.charges)
 	}
 	if _, err := b.Decide(bgCtx, c, make([]Result, 1)); !errors.Is(err, errUnreachable) {
 		t.Fatal(err)
 	}
-	if err := b.Refund(bgCtx, c); !errors.Is(err, ErrBreakerOpen) || inner.refunds != 1 {
-		t.Fatalf("open: %v, %d refunds", err, inner.refunds)
+	if err := giveBack(b, c); !errors.Is(err, ErrBreakerOpen) || inner.charges != 1 {
+		t.Fatalf("open: %v, %d give-backs", err, inner.charges)
 	}
 }

@@ -192,7 +192,7 @@ func TestDecisionWaitAndCancel(t *testing.T) {
 	}
 	// The third request goes away: its turns (a: 200ms, b: 400ms) and its
 	// slot go back. The next request takes them.
-	if err := d.Cancel(bgCtx); err != nil {
+	if err := d.Cancel(bgCtx, Fallback{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Decide(bgCtx, m, items); err != nil || d.Wait() != 400*msec {
@@ -206,7 +206,7 @@ func TestDecisionWaitAndCancel(t *testing.T) {
 	if err := d.Decide(bgCtx, m, items[:1]); err != nil || d.Admitted || d.Wait() != 0 {
 		t.Fatalf("NoDelay: %v, admitted %v", err, d.Admitted)
 	}
-	if err := d.Cancel(bgCtx); err != nil {
+	if err := d.Cancel(bgCtx, Fallback{}); err != nil {
 		t.Fatal(err)
 	}
 	if r := mustPeek(t, m, Check{Algorithm: TokenBucket, Tenant: "t", Policy: "a", Rate: delayRate}); r[0].Reset != 300*msec {
@@ -229,7 +229,7 @@ func TestDelayFallback(t *testing.T) {
 			t.Fatalf("request %d: %v admitted %v path %v wait %s, want %s", i, err, d.Admitted, d.Verdicts[0].Path, d.Wait(), want)
 		}
 	}
-	if err := d.Cancel(bgCtx); err != nil {
+	if err := d.Cancel(bgCtx, Fallback{}); err != nil {
 		t.Fatal(err)
 	}
 	_ = d.DecideOrFallback(bgCtx, brokenStore{}, Fallback{Store: fb, Scale: 0.5}, items)

@@ -54,6 +54,17 @@ func newTestStore(t testing.TB, opts MemoryOptions) (*MemoryStore, *manualClock)
 	return m, clk
 }
 
+// giveBack gives the costs of checks back, as for a request that did not
+// pass after all (Decision.Cancel): a Charge of their negated costs.
+func giveBack(s Store, checks []Check) error {
+	back := make([]Check, len(checks))
+	for i, c := range checks {
+		c.Cost = -c.Cost
+		back[i] = c
+	}
+	return s.(Charger).Charge(context.Background(), "", back, make([]int64, len(back)))
+}
+
 // mustDecide runs one Decide and fails the test on error.
 func mustDecide(t testing.TB, s Store, checks ...Check) (bool, []Result) {
 	t.Helper()

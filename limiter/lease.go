@@ -60,6 +60,15 @@ type LeaseRequest struct {
 	// first, and GiveBackAt that lease's LeaseGrant.At.
 	GiveBack   int64
 	GiveBackAt int64
+	// ID, when not empty, makes the give-back land once (see
+	// NewChargeID): set it on a call that gives units back, and keep it
+	// to retry the call when its reply is lost.
+	ID string
+	// Retry sends the call with ID again after its reply was lost, with
+	// Want 0: its give-back is made if the lost call did not run, and the
+	// units the lost call granted (which no request will be served from)
+	// go back if it did. Once either way.
+	Retry bool
 }
 
 // LeaseGrant is a LeaseTaker's answer.
@@ -96,7 +105,10 @@ var (
 
 // leaseLeadingArgs is the number of arguments of lease.lua before the
 // checks'.
-const leaseLeadingArgs = 6
+const leaseLeadingArgs = 7
+
+// The id modes of lease.lua (ARGV[7]), boxed once.
+var argLeaseOnce = [3]any{"0", "1", "2"}
 
 // Lease implements LeaseTaker with one script call (lua.Lease). In a
 // cluster the checks must share one slot (as they do when they share a
@@ -109,6 +121,9 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 	}
 	if len(checks) == 0 || req.Want < 0 || req.GiveBack < 0 || req.Want > MaxCount || req.GiveBack > MaxCount {
 		return LeaseGrant{}, fmt.Errorf("%w: a lease needs checks and non-negative counts", ErrInvalidCheck)
+	}
+	if req.Retry && (req.ID == "" || req.Want != 0) {
+		return LeaseGrant{}, fmt.Errorf("%w: a retried lease call needs its id and takes nothing", ErrInvalidCheck)
 	}
 	for i := range checks {
 		c := &checks[i]
@@ -124,8 +139,6 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 	if s.prepare(sc, checks) {
 		return LeaseGrant{}, fmt.Errorf("%w: the buckets span several cluster slots", ErrLeaseUnsupported)
 	}
-	ctx, cancel := s.withTimeout(ctx, sc)
-	defer cancel()
 
 	var nowArg any = argZero
 	if s.now != nil {
@@ -138,8 +151,20 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 	if need := leaseLeadingArgs + checkArgs*len(checks); cap(sc.args) < need {
 		sc.args = make([]any, 0, need)
 	}
-	sc.args = append(sc.args[:0], nowArg, req.Want, max(req.Instances, 1), micros(ttl), req.GiveBack, req.GiveBackAt)
+	once := 0
+	if req.ID != "" {
+		once = 1
+		if req.Retry {
+			once = 2
+		}
+	}
+	sc.args = append(sc.args[:0], nowArg, req.Want, max(req.Instances, 1), micros(ttl), req.GiveBack, req.GiveBackAt, argLeaseOnce[once])
 	keys := sc.appendCheckArgs(checks, sc.all)
+	if once != 0 {
+		sc.buf = appendOnceKey(sc.buf[:0], s.prefix, checks[0].Tenant, req.ID)
+		sc.once = string(sc.buf)
+		keys = sc.withOnceKey(keys)
+	}
 	if hasCalendar(checks, sc.all) {
 		sc.appendCalendarArgs(checks, sc.all, s.gatewayNow())
 	}
@@ -152,7 +177,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 		return LeaseGrant{}, err
 	}
 	var head [3]int64
-	if err := parseResults(reply, head[:], sc.all, results); err != nil {
+	if err := parseResults(reply, head[:], sc.all, results, nil); err != nil {
 		return LeaseGrant{}, err
 	}
 	return LeaseGrant{Requests: head[0], At: head[1], Expires: fromMicros(head[2])}, nil

@@ -26,11 +26,13 @@ const (
 	// LeaseExpired: unused units that could not be given back: the give
 	// back failed, the store was reset, or the store was not asked.
 	LeaseExpired
-	// LeaseLost: units a lease call that timed out may have taken from
-	// the shared store (it counts what the call asked for: an upper
-	// bound). The reply never arrived, so they were never acquired here
-	// and cannot be served or given back; the store gets them back when
-	// the window ends or the bucket refills.
+	// LeaseLost: units a lease call whose reply was lost (a timeout, a
+	// broken connection) may have taken from the shared store (it counts
+	// what the call asked for: an upper bound). They were never acquired
+	// here and cannot be served; the store gets them back when the window
+	// ends or the bucket refills. (A call that also gave units back
+	// carries an id, and its retry gives such units back: they are not
+	// counted here.)
 	LeaseLost
 	// NumLeaseEvents is the number of lease events.
 	NumLeaseEvents
@@ -72,6 +74,10 @@ type LeaseOptions struct {
 	// OnGiveBackError, when not nil, hears about give-backs that failed
 	// (their units count as expired).
 	OnGiveBackError func(error)
+	// Recorder, when not nil, keeps the give-backs that failed and may
+	// have run (each carries an id), to be retried until the store
+	// answers (Recorder.RetryGiveBack): their units then go back once.
+	Recorder *Recorder
 }
 
 // LeaseStore is a Store that serves requests from units leased ahead of
@@ -119,6 +125,7 @@ type LeaseStore struct {
 	observe   func(string, LeaseEvent, int64)
 	onError   func(error)
 	giveBack  time.Duration
+	rec       *Recorder
 
 	seed   maphash.Seed
 	shards [leaseShards]leaseShard
@@ -216,6 +223,7 @@ func NewLeaseStore(opts LeaseOptions) *LeaseStore {
 		clock:     opts.Clock,
 		observe:   opts.Observe,
 		onError:   opts.OnGiveBackError,
+		rec:       opts.Recorder,
 		giveBack:  opts.GiveBackTimeout,
 		seed:      maphash.MakeSeed(),
 		stats:     map[string]*leaseCounters{},
@@ -508,7 +516,7 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 	defer close(f.done)
 	switch {
 	case err != nil:
-		if IsTimeout(err) {
+		if mayHaveRun(err) {
 			s.count(e, LeaseLost, req.Want)
 		}
 		// The units left still serve; the waiters, if any, refill.
@@ -539,8 +547,9 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 		TTL:       time.Duration(e.ttl),
 	}
 	if e.units > 0 {
-		// An expired lease: its units go back in the same call.
-		req.GiveBack, req.GiveBackAt = e.units, e.at
+		// An expired lease: its units go back in the same call, which
+		// then carries an id so that they go back once.
+		req.GiveBack, req.GiveBackAt, req.ID = e.units, e.at, NewChargeID()
 		e.units = 0
 	}
 	e.mu.Unlock()
@@ -555,6 +564,7 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 	defer e.mu.Unlock()
 	if err != nil {
 		s.count(e, LeaseExpired, req.GiveBack)
+		s.retryGiveBack(&req, err)
 		if errors.Is(err, ErrLeaseUnsupported) {
 			e.unleasable = true
 			e.mu.Unlock()
@@ -562,7 +572,7 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 			e.mu.Lock()
 			return admitted, false, err
 		}
-		if IsTimeout(err) {
+		if mayHaveRun(err) && req.ID == "" {
 			// The store may have run the call: what it took is lost.
 			s.count(e, LeaseLost, req.Want)
 		}
@@ -756,9 +766,11 @@ func (s *LeaseStore) giveBackAll(ctx context.Context, jobs []giveBackJob) {
 			TTL:        time.Duration(j.e.ttl),
 			GiveBack:   j.units,
 			GiveBackAt: j.at,
+			ID:         NewChargeID(),
 		}
 		if _, err := s.taker.Lease(ctx, &req, results[:len(j.e.checks)]); err != nil {
 			s.count(j.e, LeaseExpired, j.units)
+			s.retryGiveBack(&req, err)
 			if s.onError != nil {
 				s.onError(err)
 			}
@@ -766,6 +778,28 @@ func (s *LeaseStore) giveBackAll(ctx context.Context, jobs []giveBackJob) {
 		}
 		s.count(j.e, LeaseReturned, j.units)
 	}
+}
+
+// retryGiveBack hands a give-back whose call failed with err to the
+// recorder, to be sent again under its id. A call that never reached the
+// store (the breaker refused it) is retried too: its id makes that
+// harmless, and its units are owed back all the same.
+func (s *LeaseStore) retryGiveBack(req *LeaseRequest, err error) {
+	if s.rec == nil || req.ID == "" || req.GiveBack <= 0 || errors.Is(err, ErrInvalidCheck) || errors.Is(err, ErrLeaseUnsupported) {
+		return
+	}
+	s.rec.RetryGiveBack(req)
+}
+
+// Charge implements Charger: units move in the inner store (settlements
+// and refunds are never served from a lease; see Decision.Settle for
+// metered costs paid from leased units).
+func (s *LeaseStore) Charge(ctx context.Context, id string, checks []Check, charged []int64) error {
+	ch, ok := s.inner.(Charger)
+	if !ok {
+		return ErrNoCharge
+	}
+	return ch.Charge(ctx, id, checks, charged)
 }
 
 func (s *LeaseStore) sweepLoop(every time.Duration) {

@@ -10,21 +10,52 @@ import (
 	"sync/atomic"
 )
 
-// Charger is a store that can force units into buckets without deciding:
-// recovery accounting charges it with what a fallback admitted while it
-// was unreachable. RedisStore and BreakerStore (over a Charger) are
-// Chargers.
+// Charger is a store that can move units into and out of buckets without
+// deciding: settlements, recovery charges and the refunds of turns given
+// back. RedisStore, MemoryStore, BreakerStore and LeaseStore (over a
+// Charger) are Chargers.
 type Charger interface {
-	// Charge charges checks[i].Cost units to each bucket, never driving a
-	// bucket below empty, and stores in charged[i] the units it charged
-	// (-1 when its call failed or was not made, ChargeRefused when the
-	// check is invalid and was not sent; the others are still charged).
-	Charge(ctx context.Context, checks []Check, charged []int64) error
+	// Charge moves units, check by check, whatever the others do (two
+	// checks of one bucket are chained): a positive Cost charges
+	// min(Cost, what the bucket holds under its Rate) units, so a
+	// bucket goes at most down to its empty (pass a rate with room for
+	// debt to charge into debt; min_interval, delays and shadow flags
+	// are ignored, concurrency buckets are never charged); a negative
+	// Cost gives -Cost units back to a token bucket or GCRA bucket, never
+	// beyond full (a bucket that expired or was reset has nothing to give
+	// back; other algorithms keep their units). charged[i] receives the
+	// units moved (negative for a give-back), ChargeFailed when its call
+	// failed or was not made, or ChargeRefused when the check is invalid
+	// and was not sent (the others are moved all the same).
+	//
+	// id, when not empty, makes the call idempotent: whatever the number
+	// of attempts with the same id, the store applies the call once and
+	// answers every attempt the same (within IdempotencyTTL). Pass a
+	// NewChargeID and retry a failed call with it; "" for a call that is
+	// never retried.
+	Charge(ctx context.Context, id string, checks []Check, charged []int64) error
 }
 
-// ChargeRefused is the charged[i] of a check that Charge refused as
-// invalid input: retrying it cannot help.
-const ChargeRefused = -2
+// The charged[i] of a check that Charge did not move.
+const (
+	// ChargeFailed: the check's call failed or was not made. A call that
+	// timed out may still have run.
+	ChargeFailed = math.MinInt64
+	// ChargeRefused: the check is invalid input and was not sent; retrying
+	// it cannot help.
+	ChargeRefused = math.MinInt64 + 1
+)
+
+// chargeable validates a check of Charge: as Decide would, with the
+// magnitude of its cost.
+func chargeable(c *Check) error {
+	if c.Cost >= 0 {
+		return c.validate()
+	}
+	cc := *c
+	cc.Cost = -cc.Cost
+	return cc.validate()
+}
 
 var _ Charger = (*RedisStore)(nil)
 
@@ -40,9 +71,9 @@ const (
 
 // RecorderOptions configures NewRecorder. The zero value is ready to use.
 type RecorderOptions struct {
-	// MaxEntries bounds how many buckets the recorder tracks; 0 means
-	// 100000 (about 200 bytes each plus the strings). Units of new buckets
-	// beyond it are dropped and counted (Dropped).
+	// MaxEntries bounds how many buckets and calls the recorder keeps; 0
+	// means 100000 (a few hundred bytes each plus the strings). Units of
+	// new buckets and calls beyond it are dropped and counted (Dropped).
 	MaxEntries int
 	// Batch is the most checks sent in one Charge call; 0 means 256.
 	Batch int
@@ -50,33 +81,45 @@ type RecorderOptions struct {
 	Clock Clock
 }
 
-// Recorder keeps what the local fallback admitted while the primary store
-// was unreachable, so that the units can be charged to the primary store
-// once it is back (Flush): a tenant then cannot get a fresh budget by
-// riding an outage. Set it as Fallback.Recorder; DecideOrFallback records
-// every unit the fallback store charged (FailLocal items only: FailOpen
-// admissions are not counted, FailClosed ones admit nothing; concurrency
-// slots are not recorded, they are given back anyway).
+// Recorder keeps what the primary store owes, so that it is charged once
+// the store answers again (Flush): a tenant then cannot get a fresh
+// budget, or shed a debt, by riding an outage. It keeps two things.
 //
-// Per bucket it keeps the rate (unscaled, as the primary store knows it)
-// and the units admitted in slots of a tenth of the bucket's window. Flush
-// charges the units of the trailing window, rounded out to whole slots (so
-// up to a tenth of a window older, never less); older units are forgotten:
-// by then every algorithm counts them no more (token bucket and GCRA with
-// a burst larger than the limit refill over burst/limit windows, so for
-// them older units are undercounted). The primary store charges them at
-// the instant of the flush and caps each bucket at empty (see
-// RedisStore.Charge): token bucket deficit and GCRA backlog at most the
-// capacity, window and log counts at most the limit. Charging at the flush
-// instant rather than at each admission errs on the strict side: the units
-// count a little longer than they would have.
+// Units used while the store was not asked, per bucket (Record): what the
+// local fallback admitted (set the Recorder as Fallback.Recorder and
+// DecideOrFallback records every unit the fallback store charged:
+// FailLocal items only, FailOpen admissions are not counted, FailClosed
+// ones admit nothing, concurrency slots are given back anyway), and the
+// settlements and give-backs of requests that never reached the store.
+// Flush charges them as what they are, units the tenant used: into debt
+// if the bucket holds less (see debtRate), so an outage never erases what
+// a tenant used, even one the fallback's own fresh bucket admitted while
+// the shared one was empty.
+//
+// Calls that reached the store, or may have, and failed: a settlement, a
+// refund, a lease give-back whose reply was lost (Retry, RetryGiveBack).
+// Each keeps its id, and Flush sends it again with that id until the
+// store answers, so it is applied once whether or not the first attempt
+// ran (see NewChargeID). It is never recorded a second time as units.
+//
+// Units lose their weight with time as the buckets would. Per bucket the
+// recorder keeps the rate (unscaled, as the primary store knows it). A
+// token bucket or GCRA bucket's units count until the bucket would have
+// refilled them: units used age ago still count min(units, capacity +
+// units - age x limit/window) (exact for a bucket that was not in debt
+// already). A window or log bucket's units are kept in slots of a tenth of
+// its window, and Flush charges the units of the trailing window, rounded
+// out to whole slots (so up to a tenth of a window older, never less);
+// older units are forgotten, as those algorithms count them no more. A
+// call sent again later is charged what still counts of its units in the
+// same way. The store charges at the instant of the flush, which errs on
+// the strict side: units count a little longer than they would have.
 //
 // Time is the recorder's clock, the instance's own: the primary store,
 // whose clock rules otherwise, is unreachable while units are recorded.
 //
 // All methods are safe for concurrent use; Record takes a mutex and
-// allocates only for a new bucket. A bucket costs about 150 bytes plus its
-// strings.
+// allocates only for a new bucket.
 type Recorder struct {
 	clock Clock
 	max   int
@@ -84,8 +127,9 @@ type Recorder struct {
 
 	mu      sync.Mutex
 	entries map[recKey]*recEntry
+	calls   []*pendingCall // oldest first
 
-	pending  atomic.Int64 // len(entries)
+	pending  atomic.Int64 // len(entries) + len(calls)
 	dropped  atomic.Int64
 	refused  atomic.Int64
 	flushing atomic.Bool
@@ -100,14 +144,21 @@ type recKey struct {
 // that the slots it sums always cover the whole trailing window.
 const recSlots = 10
 
-// recEntry counts a bucket's units per slot of Window/recSlots: slot
-// number k (k = instant / slot length) is counts[k % len(counts)], for k in
-// (last - len(counts), last].
+// recEntry counts a bucket's units. A token bucket or GCRA bucket owes
+// units, last recorded at owedAt; a window or log bucket counts them per
+// slot of Window/recSlots: slot number k (k = instant / slot length) is
+// counts[k % len(counts)], for k in (last - len(counts), last].
 type recEntry struct {
 	rate   Rate
 	last   int64
-	counts [recSlots + 1]uint32
+	counts [recSlots + 1]int64
+	owed   int64
+	owedAt int64
 }
+
+// refills reports whether the recorded units of k are kept as a debt that
+// refills (owed) rather than in slots.
+func (k *recKey) refills() bool { return k.algo == TokenBucket || k.algo == GCRA }
 
 func newRecEntry(rate Rate, now int64) *recEntry {
 	e := &recEntry{rate: rate}
@@ -127,7 +178,7 @@ func (e *recEntry) roll(k int64) {
 	}
 	n := int64(len(e.counts))
 	if k-e.last >= n {
-		e.counts = [recSlots + 1]uint32{}
+		e.counts = [recSlots + 1]int64{}
 	} else {
 		for j := e.last + 1; j <= k; j++ {
 			e.counts[j%n] = 0
@@ -137,27 +188,86 @@ func (e *recEntry) roll(k int64) {
 }
 
 // addAt adds units to slot k (the newest slot when k is older than the
-// ring, as when the clock went back), saturating.
+// ring, as when the clock went back), saturating at MaxCount. Negative
+// units are taken from the newest slots first, down to zero.
 func (e *recEntry) addAt(k int64, units int64) {
 	e.roll(k)
 	n := int64(len(e.counts))
 	if k <= e.last-n {
 		k = e.last
 	}
-	i := k % n
-	e.counts[i] = uint32(min(int64(e.counts[i])+units, math.MaxUint32))
+	if units >= 0 {
+		i := k % n
+		e.counts[i] = min(e.counts[i]+min(units, MaxCount), MaxCount)
+		return
+	}
+	for j := e.last; j > e.last-n && units < 0; j-- {
+		i := j % n
+		take := min(e.counts[i], -units)
+		e.counts[i] -= take
+		units += take
+	}
 }
 
-// estimate returns the units of the slots that overlap the trailing window
-// at now.
-func (e *recEntry) estimate(now int64) int64 {
-	k := max(e.slot(now), e.last)
+// estimate returns the units that still count at now: those of the slots
+// that overlap the trailing window, or what is left of a debt.
+func (e *recEntry) estimate(k *recKey, now int64) int64 {
+	if k.refills() {
+		return stillOwed(k.algo, e.rate, e.owed, now-e.owedAt)
+	}
+	cur := max(e.slot(now), e.last)
 	n := int64(len(e.counts))
 	var sum int64
-	for j := max(k-recSlots, e.last-n+1); j <= e.last; j++ {
-		sum += int64(e.counts[j%n])
+	for j := max(cur-recSlots, e.last-n+1); j <= e.last; j++ {
+		sum += e.counts[j%n]
 	}
-	return sum
+	return min(sum, MaxCount)
+}
+
+// stillOwed returns how many of units charged age ns ago to a bucket of
+// algorithm a and rate r still count: for a token bucket or GCRA bucket,
+// what it has not refilled beyond its capacity (units charged when it was
+// not in debt stop counting once it has refilled capacity + units); for
+// window and log algorithms, all of them until the windows that count
+// them have passed.
+func stillOwed(a Algorithm, r Rate, units, age int64) int64 {
+	if units <= 0 || age <= 0 || r.Window <= 0 || r.Limit <= 0 {
+		return max(units, 0)
+	}
+	switch a {
+	case TokenBucket, GCRA:
+		left := float64(r.Capacity()) + float64(units) - float64(age)/float64(r.Window)*float64(r.Limit)
+		if left <= 0 {
+			return 0
+		}
+		return min(units, int64(math.Ceil(left)))
+	case Concurrency:
+		return 0
+	case SlidingWindow:
+		// A unit weighs on the window after its own.
+		if age >= 2*int64(r.Window) {
+			return 0
+		}
+	default:
+		if age >= max(int64(r.Window), int64(r.MinInterval)) {
+			return 0
+		}
+	}
+	return units
+}
+
+// pendingCall is a call that failed and is sent again under its id.
+type pendingCall struct {
+	id string
+	// at is when the call was made (recorder clock): positive costs are
+	// charged what still counts of them (stillOwed) when sent.
+	at int64
+	// checks are the call's checks with their buckets' own rates; a
+	// positive Cost is charged (into debt), a negative one given back.
+	checks []Check
+	// giveBack, when set, is a lease give-back retried (LeaseRequest.Retry)
+	// instead of a charge.
+	giveBack *LeaseRequest
 }
 
 // NewRecorder returns an empty recorder.
@@ -179,108 +289,192 @@ func NewRecorder(opts RecorderOptions) *Recorder {
 	}
 }
 
-// Record counts units admitted by the fallback for the bucket of c, whose
-// unscaled rate is rate. Concurrency checks, non-positive units and rates
+// Record counts units used of the bucket of c, whose unscaled rate is
+// rate, while the primary store was not asked: admitted by the fallback,
+// or settled while the store was unreachable. Negative units take back
+// units recorded earlier (a request that gave its turn back, a real cost
+// lower than the up-front one). Concurrency checks, zero units and rates
 // without a window are ignored.
 func (r *Recorder) Record(c *Check, rate Rate, units int64) {
-	if units <= 0 || c.Algorithm == Concurrency || rate.Window <= 0 {
+	r.record(recKey{c.Algorithm, c.Tenant, c.Policy, c.Part}, rate, units)
+}
+
+func (r *Recorder) record(k recKey, rate Rate, units int64) {
+	if units == 0 || k.algo == Concurrency || rate.Window <= 0 {
 		return
 	}
 	now := r.clock.Now().UnixNano()
-	k := recKey{c.Algorithm, c.Tenant, c.Policy, c.Part}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e := r.entries[k]
 	switch {
 	case e == nil:
-		if len(r.entries) >= r.max {
+		if units < 0 {
+			return // nothing recorded to take back
+		}
+		if !r.room() {
 			r.dropped.Add(units)
 			return
 		}
 		e = newRecEntry(rate, now)
 		r.entries[k] = e
-		r.pending.Store(int64(len(r.entries)))
+		r.count()
 	case e.rate.Window != rate.Window:
 		// The window changed (a new config or override): start over
 		// with what still counts.
-		est := e.estimate(now)
+		est := e.estimate(&k, now)
 		*e = *newRecEntry(rate, now)
 		e.addAt(e.last, est)
+		e.owed, e.owedAt = est, now
 	}
 	e.rate = rate
+	if k.refills() {
+		e.owed = max(0, min(e.owed+units, MaxCount))
+		e.owedAt = now
+		return
+	}
 	e.addAt(e.slot(now), units)
 }
 
-// Pending returns the number of buckets with recorded units not yet
-// flushed. It is one atomic load: cheap enough to ask on every request.
+// Retry keeps a call to a Charger that failed, to be sent again with the
+// same id by Flush until the store answers it: the call may have run, so
+// it is never recorded as units. checks holds its checks with their
+// buckets' own (unscaled) rates; positive costs are charged into debt,
+// negative ones given back. The checks are copied.
+func (r *Recorder) Retry(id string, checks []Check) {
+	c := &pendingCall{id: id, at: r.clock.Now().UnixNano()}
+	for i := range checks {
+		if checks[i].Cost != 0 && checks[i].Algorithm != Concurrency {
+			c.checks = append(c.checks, checks[i])
+		}
+	}
+	if len(c.checks) > 0 {
+		r.keep(c, c.checks)
+	}
+}
+
+// RetryGiveBack keeps a lease give-back that failed (req.ID set), to be
+// sent again by Flush as a retry (LeaseRequest.Retry: the units it gives
+// back, and those a lost grant of the same call took, go back once).
+func (r *Recorder) RetryGiveBack(req *LeaseRequest) {
+	if req.ID == "" {
+		return
+	}
+	g := *req
+	g.Checks = slices.Clone(req.Checks)
+	g.Want, g.Retry = 0, true
+	r.keep(&pendingCall{id: g.ID, at: r.clock.Now().UnixNano(), giveBack: &g}, g.Checks)
+}
+
+// keep adds c to the calls, or counts its units as dropped when the
+// recorder is full.
+func (r *Recorder) keep(c *pendingCall, checks []Check) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.room() {
+		for i := range checks {
+			r.dropped.Add(max(checks[i].Cost, 0))
+		}
+		return
+	}
+	r.calls = append(r.calls, c)
+	r.count()
+}
+
+// room reports whether one more bucket or call fits; with r.mu held.
+func (r *Recorder) room() bool { return len(r.entries)+len(r.calls) < r.max }
+
+// count updates pending; with r.mu held.
+func (r *Recorder) count() { r.pending.Store(int64(len(r.entries) + len(r.calls))) }
+
+// Pending returns the number of buckets and calls not yet charged. It is
+// one atomic load: cheap enough to ask on every request.
 func (r *Recorder) Pending() int { return int(r.pending.Load()) }
 
-// Dropped returns the units not recorded because MaxEntries buckets were
-// already tracked.
+// Dropped returns the units not recorded because MaxEntries buckets and
+// calls were already kept.
 func (r *Recorder) Dropped() int64 { return r.dropped.Load() }
 
-// Refused returns the number of buckets Flush dropped because the store
+// Refused returns the number of checks Flush dropped because the store
 // refused them as invalid.
 func (r *Recorder) Refused() int64 { return r.refused.Load() }
 
 // FlushStats reports one Flush.
 type FlushStats struct {
-	// Buckets is the number of buckets charged; Units the units asked to
-	// charge (the trailing-window estimates) and Charged those the store
-	// charged (less when a bucket reached empty).
-	Buckets, Units, Charged int64
-	// Expired is the number of buckets whose units were all older than a
-	// window, forgotten without a call.
+	// Calls is the number of calls the store answered; Buckets the
+	// checks they held; Units the units asked to charge (what still
+	// counted) and Charged those the store charged (less when a bucket
+	// reached empty, or when the call was a retry of one that had
+	// already run and was answered from its record).
+	Calls, Buckets, Units, Charged int64
+	// Expired is the number of buckets and calls dropped without a call
+	// because nothing they held counted any more.
 	Expired int64
-	// Refused is the number of buckets the store refused as invalid
+	// Refused is the number of checks the store refused as invalid
 	// (ChargeRefused): they are dropped, not retried.
 	Refused int64
 }
 
-// Flush charges every recorded bucket to store (normally the primary
-// store, or a BreakerStore over it, so that a store failing again trips
-// the breaker) in calls of at most Batch checks, and forgets what it
-// charged. Call it when the primary store is back: when the breaker
-// closes (from BreakerOptions.OnStateChange, in a new goroutine: the
-// callback must not block), and whenever Pending is not zero while the
-// store answers (short failures that never opened the breaker are
-// recorded too).
-//
-// A bucket the store refuses as invalid (ChargeRefused) is dropped and
-// counted (FlushStats.Refused, Refused), so one bad entry cannot keep the
-// others from being charged. When a call fails, the buckets it and later
-// calls held are kept for the next Flush (merged with units recorded meanwhile) and the error is
-// returned; a call that timed out may have charged already, so those units
-// may be charged twice (capped at empty). Only one Flush runs at a time: a
-// concurrent call returns at once with zero stats and a nil error.
+// Flush charges the primary store (normally a BreakerStore over it, so
+// that a store failing again trips the breaker) with what is owed: the
+// calls kept by Retry and RetryGiveBack, oldest first, then the recorded
+// units, which become calls of at most Batch checks with ids of their
+// own. A call the store answers is forgotten; when a call fails, it and
+// the later ones are kept, with their ids, for the next Flush, and the
+// error is returned. Call it when the primary store answers: when the
+// breaker closes, and whenever Pending is not zero while the store
+// answers (short failures that never opened the breaker leave owed units
+// too). Only one Flush runs at a time: a concurrent call returns at once
+// with zero stats and a nil error.
 func (r *Recorder) Flush(ctx context.Context, store Charger) (FlushStats, error) {
 	var st FlushStats
 	if !r.flushing.CompareAndSwap(false, true) {
 		return st, nil
 	}
 	defer r.flushing.Store(false)
+	r.callsOf(&st)
+	for {
+		r.mu.Lock()
+		if len(r.calls) == 0 {
+			r.mu.Unlock()
+			return st, nil
+		}
+		c := r.calls[0]
+		r.mu.Unlock()
+		if err := r.send(ctx, store, c, &st); err != nil {
+			return st, err
+		}
+		r.mu.Lock()
+		r.calls[0] = nil
+		r.calls = r.calls[1:]
+		r.count()
+		r.mu.Unlock()
+	}
+}
 
+// callsOf turns the recorded units into calls with ids of their own.
+func (r *Recorder) callsOf(st *FlushStats) {
 	r.mu.Lock()
 	snap := r.entries
 	r.entries = make(map[recKey]*recEntry)
-	r.pending.Store(0)
 	r.mu.Unlock()
 	if len(snap) == 0 {
-		return st, nil
+		return
 	}
-
 	now := r.clock.Now().UnixNano()
 	type item struct {
-		k recKey
-		e *recEntry
+		k     recKey
+		units int64
+		rate  Rate
 	}
 	items := make([]item, 0, len(snap))
 	for k, e := range snap {
-		if e.estimate(now) <= 0 {
+		units := e.estimate(&k, now)
+		if units <= 0 {
 			st.Expired++
 			continue
 		}
-		items = append(items, item{k, e})
+		items = append(items, item{k, units, e.rate})
 	}
 	// A tenant's buckets side by side: one cluster slot, fewer calls.
 	slices.SortFunc(items, func(a, b item) int {
@@ -291,81 +485,95 @@ func (r *Recorder) Flush(ctx context.Context, store Charger) (FlushStats, error)
 			cmp.Compare(a.k.algo, b.k.algo),
 		)
 	})
-
-	checks := make([]Check, 0, min(r.batch, len(items)))
-	charged := make([]int64, min(r.batch, len(items)))
+	var calls []*pendingCall
 	for lo := 0; lo < len(items); lo += r.batch {
 		hi := min(lo+r.batch, len(items))
-		checks = checks[:0]
+		c := &pendingCall{id: NewChargeID(), at: now}
 		for _, it := range items[lo:hi] {
-			checks = append(checks, Check{
+			c.checks = append(c.checks, Check{
 				Algorithm: it.k.algo,
 				Tenant:    it.k.tenant,
 				Policy:    it.k.policy,
 				Part:      it.k.part,
-				Rate:      it.e.rate,
-				Cost:      it.e.estimate(now),
+				Rate:      it.rate,
+				Cost:      it.units,
 			})
 		}
-		for j := range checks {
-			charged[j] = -1 // not charged unless the store says so
-		}
-		err := store.Charge(ctx, checks, charged[:len(checks)])
-		for j, c := range charged[:len(checks)] {
-			if c == ChargeRefused {
-				// Invalid: it would be refused forever. Drop it.
-				st.Refused++
-				r.refused.Add(1)
-				continue
-			}
-			if err == nil || c >= 0 {
-				st.Buckets++
-				st.Units += checks[j].Cost
-				st.Charged += max(c, 0)
-				continue
-			}
-			r.restore(items[lo+j].k, items[lo+j].e)
-		}
-		if err != nil {
-			for _, it := range items[hi:] {
-				r.restore(it.k, it.e)
-			}
-			return st, err
-		}
+		calls = append(calls, c)
 	}
-	return st, nil
+	r.mu.Lock()
+	r.calls = append(r.calls, calls...)
+	r.count()
+	r.mu.Unlock()
 }
 
-// restore puts back an entry that could not be charged, merging it with
-// units recorded since.
-func (r *Recorder) restore(k recKey, old *recEntry) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e := r.entries[k]
-	switch {
-	case e == nil:
-		if len(r.entries) >= r.max {
-			var sum int64
-			for _, c := range old.counts {
-				sum += int64(c)
-			}
-			r.dropped.Add(sum)
-			return
+// send makes call c once more. It returns nil when the store answered (or
+// nothing of c counts any more), the store's error otherwise.
+func (r *Recorder) send(ctx context.Context, store Charger, c *pendingCall, st *FlushStats) error {
+	if c.giveBack != nil {
+		lt, ok := store.(LeaseTaker)
+		if !ok {
+			return nil
 		}
-		r.entries[k] = old
-		r.pending.Store(int64(len(r.entries)))
-	case e.rate.Window != old.rate.Window:
-		// Recorded meanwhile under another window: add what still counts.
-		e.addAt(e.last, old.estimate(r.clock.Now().UnixNano()))
-	default:
-		// Slot by slot; slots older than e's ring are more than a window
-		// old and dropped.
-		e.roll(old.last)
-		n := int64(len(old.counts))
-		for j := old.last - n + 1; j <= old.last; j++ {
-			if c := old.counts[j%n]; c > 0 && j > e.last-n {
-				e.addAt(j, int64(c))
-			}
+		results := make([]Result, len(c.giveBack.Checks))
+		_, err := lt.Lease(ctx, c.giveBack, results)
+		if errors.Is(err, ErrInvalidCheck) || errors.Is(err, ErrLeaseUnsupported) {
+			st.Refused++
+			r.refused.Add(1)
+			return nil
+		}
+		if err == nil {
+			st.Calls++
+			st.Buckets += int64(len(c.giveBack.Checks))
+		}
+		return err
+	}
+	age := r.clock.Now().UnixNano() - c.at
+	checks := make([]Check, 0, len(c.checks))
+	// A check invalid under its own rate (which debtRate would hide)
+	// would be refused forever: dropped, once.
+	valid := c.checks[:0]
+	for _, ch := range c.checks {
+		if chargeable(&ch) == nil {
+			valid = append(valid, ch)
 		}
 	}
+	refused := len(c.checks) - len(valid)
+	clear(c.checks[len(valid):])
+	c.checks = valid
+	for _, ch := range c.checks {
+		if ch.Cost > 0 {
+			ch.Cost = stillOwed(ch.Algorithm, ch.Rate, ch.Cost, age)
+			ch.Rate = debtRate(ch.Algorithm, ch.Rate)
+		}
+		if ch.Cost != 0 {
+			checks = append(checks, ch)
+		}
+	}
+	st.Refused += int64(refused)
+	r.refused.Add(int64(refused))
+	if len(checks) == 0 {
+		if refused == 0 {
+			st.Expired++
+		}
+		return nil
+	}
+	charged := make([]int64, len(checks))
+	err := store.Charge(ctx, c.id, checks, charged)
+	for j, n := range charged {
+		switch {
+		case n == ChargeRefused:
+			st.Refused++
+			r.refused.Add(1)
+		case n == ChargeFailed:
+		case err == nil:
+			st.Buckets++
+			st.Units += max(checks[j].Cost, 0)
+			st.Charged += max(n, 0)
+		}
+	}
+	if err == nil {
+		st.Calls++
+	}
+	return err
 }

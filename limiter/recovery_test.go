@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -11,26 +12,28 @@ import (
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
 
-// chargeLog is a Charger that records what it was asked to charge and
-// fails when told to.
+// chargeLog is a Charger that records what it was asked to charge, and
+// the id of each call, and fails when told to.
 type chargeLog struct {
 	mu     sync.Mutex
 	calls  int
+	ids    []string
 	units  map[string]int64
 	rates  map[string]Rate
 	failAt int // call number (1-based) that fails; 0 never
 }
 
-func (c *chargeLog) Charge(_ context.Context, checks []Check, charged []int64) error {
+func (c *chargeLog) Charge(_ context.Context, id string, checks []Check, charged []int64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls++
+	c.ids = append(c.ids, id)
 	if c.units == nil {
 		c.units, c.rates = map[string]int64{}, map[string]Rate{}
 	}
 	if c.calls == c.failAt {
 		for i := range checks {
-			charged[i] = -1
+			charged[i] = ChargeFailed
 		}
 		return errDown
 	}
@@ -79,8 +82,8 @@ func TestRecorderTrailingWindow(t *testing.T) {
 	if got := cl.units["a/p/"]; got != 3 || st.Units != 3 || st.Charged != 3 || st.Buckets != 1 {
 		t.Fatalf("charged %d (stats %+v), want 3", got, st)
 	}
-	if cl.rates["a/p/"] != recRate {
-		t.Errorf("rate %+v, want the unscaled %+v", cl.rates["a/p/"], recRate)
+	if want := debtRate(SlidingWindow, recRate); cl.rates["a/p/"] != want {
+		t.Errorf("rate %+v, want the unscaled rate with room for debt %+v", cl.rates["a/p/"], want)
 	}
 	if r.Pending() != 0 {
 		t.Fatal("not emptied by Flush")
@@ -143,8 +146,10 @@ func TestRecorderBounded(t *testing.T) {
 	}
 }
 
-// TestRecorderFlushFailure: buckets of a failed call, and of the calls not
-// made, are kept and merged with what was recorded meanwhile.
+// TestRecorderFlushFailure: a call that fails, and the calls after it, are
+// kept with their ids and sent again with the same ids, before the calls
+// of what was recorded meanwhile; units are never merged into a call
+// that may have run.
 func TestRecorderFlushFailure(t *testing.T) {
 	clk := newManualClock(baseTime)
 	r := NewRecorder(RecorderOptions{Clock: clk, Batch: 2})
@@ -156,20 +161,27 @@ func TestRecorderFlushFailure(t *testing.T) {
 	if !errors.Is(err, errDown) {
 		t.Fatalf("err %v", err)
 	}
-	if st.Buckets != 2 || st.Charged != 1+2 {
-		t.Fatalf("stats %+v, want the first batch (tenants 0, 1)", st)
+	if st.Buckets != 2 || st.Charged != 1+2 || st.Calls != 1 {
+		t.Fatalf("stats %+v, want the first call (tenants 0, 1)", st)
 	}
-	if r.Pending() != 4 {
-		t.Fatalf("Pending %d, want 4 kept", r.Pending())
+	if r.Pending() != 2 {
+		t.Fatalf("Pending %d, want the 2 calls kept", r.Pending())
 	}
+	failed := cl.ids[1]
 	r.Record(recCheck("5"), recRate, 10) // meanwhile
-	cl = chargeLog{}
-	if _, err := r.Flush(bgCtx, &cl); err != nil {
+	cl2 := chargeLog{}
+	if _, err := r.Flush(bgCtx, &cl2); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]int64{"2/p/": 3, "3/p/": 4, "4/p/": 5, "5/p/": 16}
-	if fmt.Sprint(cl.units) != fmt.Sprint(want) {
-		t.Fatalf("second flush charged %v, want %v", cl.units, want)
+	if fmt.Sprint(cl2.units) != fmt.Sprint(want) {
+		t.Fatalf("second flush charged %v, want %v", cl2.units, want)
+	}
+	if len(cl2.ids) != 3 || cl2.ids[0] != failed || cl2.ids[2] == failed || cl2.ids[2] == cl2.ids[1] {
+		t.Fatalf("second flush ids %q, want the failed call's %q first, then a new id for the new units", cl2.ids, failed)
+	}
+	if r.Pending() != 0 {
+		t.Fatalf("Pending %d after a flush that succeeded", r.Pending())
 	}
 }
 
@@ -225,8 +237,8 @@ func TestDecideOrFallbackRecords(t *testing.T) {
 	if fmt.Sprint(cl.units) != fmt.Sprint(want) {
 		t.Fatalf("recorded %v, want %v", cl.units, want)
 	}
-	if r := cl.rates["acme/local/"]; r.Limit != 10 {
-		t.Errorf("recorded rate %+v, want the unscaled limit 10", r)
+	if r, want := cl.rates["acme/local/"], debtRate(FixedWindow, local.Limit.Rate); r != want {
+		t.Errorf("charged against %+v, want the unscaled rate with room for debt %+v", r, want)
 	}
 }
 
@@ -247,7 +259,7 @@ func TestRedisCharge(t *testing.T) {
 			f := c
 			f.Cost = 5
 			charged := make([]int64, 1)
-			if err := s.Charge(bgCtx, []Check{f}, charged); err != nil {
+			if err := s.Charge(bgCtx, "", []Check{f}, charged); err != nil {
 				t.Fatal(err)
 			}
 			after := mustPeek(t, s, c)[0].Remaining
@@ -262,7 +274,7 @@ func TestRedisCharge(t *testing.T) {
 			}
 			// More than remains: capped at empty.
 			f.Cost = 1000
-			if err := s.Charge(bgCtx, []Check{f}, charged); err != nil {
+			if err := s.Charge(bgCtx, "", []Check{f}, charged); err != nil {
 				t.Fatal(err)
 			}
 			if charged[0] != after || mustPeek(t, s, c)[0].Remaining != 0 {
@@ -357,4 +369,147 @@ func TestRecorderFlushDropsRefused(t *testing.T) {
 	if br.Open() {
 		t.Error("a refused entry counted as a store failure")
 	}
+}
+
+// TestStillOwed: what still counts of units charged some time ago: a
+// token bucket or GCRA bucket refills capacity + units before they stop
+// counting; window and log units count until their windows have passed.
+func TestStillOwed(t *testing.T) {
+	r := Rate{Limit: 100, Window: time.Minute} // 100 a minute, capacity 100
+	for _, c := range []struct {
+		algo  Algorithm
+		rate  Rate
+		units int64
+		age   time.Duration
+		want  int64
+	}{
+		{TokenBucket, r, 500, 0, 500},
+		{TokenBucket, r, 500, time.Minute, 500},     // refilled 100 = its capacity
+		{TokenBucket, r, 500, 2 * time.Minute, 400}, // 100 more
+		{TokenBucket, r, 500, 6 * time.Minute, 0},   // 600 = capacity + units
+		{GCRA, r, 30, 90 * time.Second, 0},          // 150 > 130
+		{GCRA, r, 30, 66 * time.Second, 20},         // 110: 20 left
+		{TokenBucket, Rate{Limit: 100, Window: time.Minute, Burst: 1000}, 50, 10 * time.Minute, 50},
+		{FixedWindow, r, 7, 59 * time.Second, 7},
+		{FixedWindow, r, 7, time.Minute, 0},
+		{SlidingWindow, r, 7, 119 * time.Second, 7}, // weighs on the next window
+		{SlidingWindow, r, 7, 2 * time.Minute, 0},
+		{SlidingLog, Rate{Limit: 5, Window: time.Second, MinInterval: time.Minute}, 3, 30 * time.Second, 3},
+		{Concurrency, r, 3, time.Second, 0},
+		{TokenBucket, r, -5, 0, 0},
+	} {
+		if got := stillOwed(c.algo, c.rate, c.units, int64(c.age)); got != c.want {
+			t.Errorf("%s %+v: %d units %v ago: %d still count, want %d", c.algo, c.rate, c.units, c.age, got, c.want)
+		}
+	}
+}
+
+// TestRecorderDebt: recorded units are charged into debt (debtRate): what
+// a tenant used during an outage is owed whatever the bucket holds then. A
+// token bucket's units count for what it has not refilled since; negative
+// units take recorded ones back.
+func TestRecorderDebt(t *testing.T) {
+	clk := newManualClock(baseTime)
+	r := NewRecorder(RecorderOptions{Clock: clk})
+	rate := Rate{Limit: 100, Window: time.Minute}
+	tb := &Check{Algorithm: TokenBucket, Tenant: "a", Policy: "tokens"}
+	fw := &Check{Algorithm: FixedWindow, Tenant: "a", Policy: "day"}
+	r.Record(tb, rate, 600)  // a settlement
+	r.Record(tb, rate, -100) // a lower real cost of another request
+	r.Record(fw, rate, 250)
+	clk.Advance(2 * time.Minute) // the token bucket refilled 200: 100 beyond its capacity
+	var got []Check
+	charger := chargeFunc(func(_ string, checks []Check, charged []int64) error {
+		got = append(got, checks...)
+		for i := range checks {
+			charged[i] = checks[i].Cost
+		}
+		return nil
+	})
+	if _, err := r.Flush(bgCtx, charger); err != nil {
+		t.Fatal(err)
+	}
+	want := Check{Algorithm: TokenBucket, Tenant: "a", Policy: "tokens", Rate: debtRate(TokenBucket, rate), Cost: 400}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("flushed %+v, want %+v alone (the day's units are more than a window old)", got, want)
+	}
+}
+
+// chargeFunc is a Charger from a function.
+type chargeFunc func(id string, checks []Check, charged []int64) error
+
+func (f chargeFunc) Charge(_ context.Context, id string, checks []Check, charged []int64) error {
+	return f(id, checks, charged)
+}
+
+// TestRecorderRetry: a call kept by Retry is sent with its own id until the
+// store answers, with what still counts of its units (into debt for a
+// settlement); a give-back kept by RetryGiveBack is sent as a retry of its
+// lease call.
+func TestRecorderRetry(t *testing.T) {
+	clk := newManualClock(baseTime)
+	r := NewRecorder(RecorderOptions{Clock: clk})
+	rate := Rate{Limit: 100, Window: time.Minute}
+	settle := []Check{
+		{Algorithm: TokenBucket, Tenant: "a", Policy: "tokens", Rate: rate, Cost: 300},
+		{Algorithm: GCRA, Tenant: "a", Policy: "g", Rate: rate, Cost: -4},
+		{Algorithm: Concurrency, Tenant: "a", Policy: "c", Rate: Rate{Limit: 3}, Cost: 1}, // never kept
+	}
+	r.Retry("settle-1", settle)
+	r.RetryGiveBack(&LeaseRequest{Checks: settle[:1], Want: 7, GiveBack: 3, GiveBackAt: 42, ID: "lease-1"})
+	r.RetryGiveBack(&LeaseRequest{Checks: settle[:1], GiveBack: 3}) // no id: nothing to retry safely
+	if r.Pending() != 2 {
+		t.Fatalf("Pending %d, want 2 calls", r.Pending())
+	}
+	clk.Advance(2 * time.Minute) // 100 of the 300 refilled beyond capacity
+	var ids []string
+	var sent [][]Check
+	fail := true
+	store := &leaseChargeLog{charge: func(id string, checks []Check, charged []int64) error {
+		ids = append(ids, id)
+		sent = append(sent, slices.Clone(checks))
+		if fail {
+			return errDown
+		}
+		for i := range checks {
+			charged[i] = checks[i].Cost
+		}
+		return nil
+	}}
+	if _, err := r.Flush(bgCtx, store); !errors.Is(err, errDown) || r.Pending() != 2 || len(store.leases) != 0 {
+		t.Fatalf("failed flush: %v, Pending %d, %d give-backs sent; want both kept, the give-back not sent yet", err, r.Pending(), len(store.leases))
+	}
+	fail = false
+	st, err := r.Flush(bgCtx, store)
+	if err != nil || r.Pending() != 0 || st.Calls != 2 {
+		t.Fatalf("flush: %v %+v, Pending %d", err, st, r.Pending())
+	}
+	if len(ids) != 2 || ids[0] != "settle-1" || ids[1] != "settle-1" {
+		t.Fatalf("charge ids %q, want settle-1 twice", ids)
+	}
+	wantDebt := Check{Algorithm: TokenBucket, Tenant: "a", Policy: "tokens", Rate: debtRate(TokenBucket, rate), Cost: 200}
+	if len(sent[1]) != 2 || sent[1][0] != wantDebt || sent[1][1] != settle[1] {
+		t.Fatalf("sent %+v, want %+v and the give-back %+v", sent[1], wantDebt, settle[1])
+	}
+	if len(store.leases) != 1 {
+		t.Fatalf("%d give-backs sent, want 1", len(store.leases))
+	}
+	if g := store.leases[0]; g.ID != "lease-1" || !g.Retry || g.Want != 0 || g.GiveBack != 3 || g.GiveBackAt != 42 {
+		t.Fatalf("give-back sent as %+v, want a retry of lease-1 giving 3 back", g)
+	}
+}
+
+// leaseChargeLog is a Charger and LeaseTaker for recorder tests.
+type leaseChargeLog struct {
+	charge func(id string, checks []Check, charged []int64) error
+	leases []LeaseRequest
+}
+
+func (l *leaseChargeLog) Charge(_ context.Context, id string, checks []Check, charged []int64) error {
+	return l.charge(id, checks, charged)
+}
+
+func (l *leaseChargeLog) Lease(_ context.Context, req *LeaseRequest, _ []Result) (LeaseGrant, error) {
+	l.leases = append(l.leases, *req)
+	return LeaseGrant{}, nil
 }

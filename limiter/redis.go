@@ -52,12 +52,33 @@ type RedisOptions struct {
 	// refuses them is called with EVALSHA). Off: EVALSHA, falling back on
 	// NOSCRIPT to EVAL.
 	Functions bool
+	// QueueTimeout bounds how long a batched call may wait in this
+	// instance to be written to Redis (both batches in flight, a saturated
+	// host); 0 means max(1s, 10 x Timeout). A call still waiting then is
+	// shed with ErrQueueTimeout, unsent: the host, not Redis, was slow, so
+	// no breaker counts it. Timeout counts from the write.
+	QueueTimeout time.Duration
 	// Observe, when not nil, is called after every script round trip with
-	// the script ("decide", "peek", "dry", "force", "refund" or "release"), how it
-	// ended ("ok", "error", "timeout", or "noscript" for an EVALSHA that
-	// Redis did not know, which is then retried at once with EVAL) and how
-	// long it took. It must be cheap and safe for concurrent use.
+	// the script ("decide", "peek", "dry", "force", "refund", "lease",
+	// "lease_return" or "release"), how it ended ("ok", "error",
+	// "timeout", or "noscript" for an EVALSHA that Redis did not know,
+	// which is then retried at once with EVAL) and how long the round
+	// trip took: for a batched call, from the write of its batch to the
+	// reply, not the time it was queued before. It must be cheap and safe
+	// for concurrent use.
 	Observe func(script, result string, d time.Duration)
+	// ObserveQueue, when not nil, is called for every batched call with
+	// the time it waited in this instance before its batch was written,
+	// and whether it was shed (ErrQueueTimeout) for waiting too long.
+	ObserveQueue func(wait time.Duration, shed bool)
+}
+
+// queueTimeout is o's QueueTimeout with its default.
+func (o *RedisOptions) queueTimeout() time.Duration {
+	if o.QueueTimeout > 0 {
+		return o.QueueTimeout
+	}
+	return max(time.Second, 10*o.Timeout)
 }
 
 // RedisStore is a Store that keeps buckets in Redis, for a fleet of
@@ -116,7 +137,10 @@ type RedisStore struct {
 	prefix  string
 	timeout time.Duration
 	observe func(script, result string, d time.Duration)
-	pool    sync.Pool
+	// observeQueue: RedisOptions.ObserveQueue; queueTimeout its limit.
+	observeQueue func(wait time.Duration, shed bool)
+	queueTimeout time.Duration
+	pool         sync.Pool
 
 	// batch sends concurrent calls in one pipeline (standalone and
 	// Sentinel); nodeBatchers does per node in a cluster (by
@@ -147,13 +171,16 @@ func NewRedisStore(opts RedisOptions) *RedisStore {
 		prefix:  opts.Prefix,
 		timeout: opts.Timeout,
 		observe: opts.Observe,
+
+		observeQueue: opts.ObserveQueue,
+		queueTimeout: opts.queueTimeout(), // after Timeout's default
 	}
 	s.cluster, _ = opts.Client.(*redis.ClusterClient)
 	s.pool.New = func() any { return new(redisScratch) }
 	s.noBatch = opts.NoBatch
 	s.functions = opts.Functions
 	if s.cluster == nil && !s.noBatch {
-		s.batch = newBatcher(opts.Client.Pipeline, nil, s.functions)
+		s.batch = newBatcher(opts.Client.Pipeline, nil, s.functions, s.queueTimeout)
 	}
 	return s
 }
@@ -173,13 +200,15 @@ type redisScript struct {
 // libraries, else the script; other calls use the script.
 type luaScript struct {
 	*redis.Script
+	// src is the script's source, for SCRIPT LOAD in a pipeline.
+	src string
 	// fnArg and shaArg are the library function's name and the script's
 	// digest, boxed once for the batcher's commands.
 	fnArg, shaArg any
 }
 
 func newLuaScript(src, entry string) *luaScript {
-	s := &luaScript{Script: redis.NewScript(src), fnArg: lua.Function(entry)}
+	s := &luaScript{Script: redis.NewScript(src), src: src, fnArg: lua.Function(entry)}
 	s.shaArg = s.Hash()
 	return s
 }
@@ -191,12 +220,14 @@ var (
 
 	// The mode strings are boxed once: converting them to any on every
 	// call would allocate.
-	scriptDecide  = &redisScript{"decide", decideScript, "decide"}
-	scriptPeek    = &redisScript{"peek", decideScript, "peek"}
-	scriptDry     = &redisScript{"dry", decideScript, "dry"}
-	scriptForce   = &redisScript{"force", decideScript, "force"}
-	scriptRefund  = &redisScript{"refund", refundScript, nil}
-	scriptRelease = &redisScript{"release", releaseScript, nil}
+	scriptDecide = &redisScript{"decide", decideScript, "decide"}
+	scriptPeek   = &redisScript{"peek", decideScript, "peek"}
+	scriptDry    = &redisScript{"dry", decideScript, "dry"}
+	scriptForce  = &redisScript{"force", decideScript, "force"}
+	// argForceOnce is the mode of a force call with an id (sc.once).
+	argForceOnce  any = "force_once"
+	scriptRefund      = &redisScript{"refund", refundScript, nil}
+	scriptRelease     = &redisScript{"release", releaseScript, nil}
 )
 
 // Arguments boxed once: converting them to any on every call would
@@ -226,18 +257,19 @@ type redisScratch struct {
 	keys  []string // key of each check
 	slots []uint16 // cluster: hash slot of each check
 	ckeys []string // keys of the current script call
+	okeys []string // keys of the current call with its id key
 	nums  []int64  // numeric arguments of the current call, 5 per check
 	args  []any
 	all   []int   // 0..n-1
 	cal   []int64 // period boundaries of the calendar checks (appendCalendarArgs)
-	// results receives the replies of Charge and Refund.
+	// results receives the replies of Charge and Refund, units the units
+	// each check of a Charge moved.
 	results []Result
+	units   []int64
+	// once is the id key of the current force call ("" for none).
+	once string
 	// inFlight: a batch may still send args (its caller gave up).
 	inFlight bool
-	// deadline ends the current call when not zero (else the caller's
-	// context does): a batched call enforces it without a context of its
-	// own, which would cost five allocations per decision.
-	deadline time.Time
 }
 
 // prepare builds the key (and, in a cluster, the slot) of every check and
@@ -304,26 +336,11 @@ func (s *RedisStore) Decide(ctx context.Context, checks []Check, results []Resul
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
-	ctx, cancel := s.withTimeout(ctx, sc)
-	defer cancel()
 	if !multi {
 		admitted, _, err := s.run(ctx, sc, scriptDecide, 0, checks, sc.all, results)
 		return admitted, err
 	}
 	return s.decideSlots(ctx, sc, checks, results)
-}
-
-// withTimeout bounds the calls made with sc by the store's timeout. On a
-// batching store without a cluster it sets sc.deadline, which the batcher
-// enforces without a context of its own; otherwise (the cluster client
-// looks up nodes with ctx, a direct call passes it to go-redis) it returns
-// a context with the timeout.
-func (s *RedisStore) withTimeout(ctx context.Context, sc *redisScratch) (context.Context, context.CancelFunc) {
-	if s.cluster == nil && !s.noBatch {
-		sc.deadline = time.Now().Add(s.timeout)
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, s.timeout)
 }
 
 // decideSlots decides checks that span several cluster slots, slot by slot
@@ -391,8 +408,6 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
-	ctx, cancel := s.withTimeout(ctx, sc)
-	defer cancel()
 	if !multi {
 		_, _, err := s.run(ctx, sc, scriptPeek, 0, checks, sc.all, results)
 		return err
@@ -405,26 +420,26 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 	return nil
 }
 
-// Charge implements Charger: it forces checks[i].Cost units into each
-// bucket without deciding, and stores in charged[i] how many it charged.
-// A bucket is driven at most down to empty, never into debt (see the force
-// mode in lua/decide.lua): token bucket deficit and GCRA backlog at most
-// the capacity, window and log counts at most the limit. min_interval is
-// ignored, Concurrency checks and shadow flags are ignored (nothing is
-// charged for a concurrency check). It is one script call per cluster slot
-// (one for Standalone and Sentinel), each with the store's Timeout. A check
-// outside the numeric domain is not sent and gets charged[i] =
-// ChargeRefused; the others are charged all the same. On error charged[i]
-// is -1 for every check whose call failed or was not made (a call that
-// timed out may still have charged).
-func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64) error {
+// Charge implements Charger with the force mode of the decide script (see
+// lua/decide.lua): a positive cost charges what fits down to the bucket's
+// empty under the check's rate (min_interval ignored; concurrency buckets
+// never charged), a negative one gives units back to a token bucket or
+// GCRA bucket that exists, never beyond full. It is one script call per
+// cluster slot (one for Standalone and Sentinel), each with the store's
+// Timeout; with an id each call carries that id's key in its slot, so a
+// retry is applied once (see IdempotencyTTL). A check outside the numeric
+// domain is not sent and gets charged[i] = ChargeRefused; the others are
+// moved all the same. On error charged[i] is ChargeFailed for every check
+// whose call failed or was not made (a call that timed out may still have
+// run: retry it with the same id).
+func (s *RedisStore) Charge(ctx context.Context, id string, checks []Check, charged []int64) error {
 	if len(charged) < len(checks) {
 		return errShortResults
 	}
 	valid := 0
 	for i := range checks {
-		charged[i] = -1
-		if checks[i].validate() != nil {
+		charged[i] = ChargeFailed
+		if chargeable(&checks[i]) != nil {
 			// One bad entry must not keep the others from being charged.
 			charged[i] = ChargeRefused
 			continue
@@ -438,6 +453,7 @@ func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
 	sc.results = resizeSlice(sc.results, len(checks))
+	sc.units = resizeSlice(sc.units, len(checks))
 	results := sc.results
 	groups := [][]int{sc.all}
 	if multi {
@@ -450,16 +466,17 @@ func (s *RedisStore) Charge(ctx context.Context, checks []Check, charged []int64
 		if len(g) == 0 {
 			continue
 		}
-		cctx, cancel := s.withTimeout(ctx, sc)
-		_, _, err := s.run(cctx, sc, scriptForce, 0, checks, g, results)
-		cancel()
+		sc.once = ""
+		if id != "" {
+			sc.buf = appendOnceKey(sc.buf[:0], s.prefix, checks[g[0]].Tenant, id)
+			sc.once = string(sc.buf)
+		}
+		_, _, err := s.run(ctx, sc, scriptForce, 0, checks, g, results)
 		if err != nil {
 			return err
 		}
 		for _, i := range g {
-			// The force reply carries the units charged in RetryAfter's
-			// place (µs).
-			charged[i] = int64(results[i].RetryAfter / time.Microsecond)
+			charged[i] = sc.units[i]
 		}
 	}
 	return nil
@@ -476,12 +493,18 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 	if need := 2 + checkArgs*len(idx); cap(sc.args) < need {
 		sc.args = make([]any, 0, need)
 	}
-	if script.mode != nil {
+	switch {
+	case script == scriptForce && sc.once != "":
+		sc.args = append(sc.args[:0], argForceOnce, nowArg)
+	case script.mode != nil:
 		sc.args = append(sc.args[:0], script.mode, nowArg)
-	} else {
+	default:
 		sc.args = append(sc.args[:0], nowArg, strconv.FormatInt(at, 10))
 	}
 	keys := sc.appendCheckArgs(checks, idx)
+	if script == scriptForce && sc.once != "" {
+		keys = sc.withOnceKey(keys)
+	}
 	turns := handsOutTurns(script)
 	if turns {
 		sc.setDelayArgs(checks, idx)
@@ -493,7 +516,11 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 	if err != nil {
 		return false, 0, err
 	}
-	admitted, at, err := parseReply(reply, idx, results)
+	var units []int64
+	if script == scriptForce {
+		units = sc.units
+	}
+	admitted, at, err := parseReply(reply, idx, results, units)
 	if turns && err == nil {
 		takeWaits(idx, results)
 	}
@@ -538,18 +565,28 @@ func (sc *redisScratch) appendCheckArgs(checks []Check, idx []int) []string {
 	return keys
 }
 
+// withOnceKey returns keys with the id key of the current call appended,
+// as a list of its own (keys is sc.keys or sc.ckeys, which must not grow).
+func (sc *redisScratch) withOnceKey(keys []string) []string {
+	sc.okeys = append(append(sc.okeys[:0], keys...), sc.once)
+	return sc.okeys
+}
+
 // parseReply reads {admitted, now, (allowed, remaining, retry_us, reset_us)...}.
-func parseReply(reply any, idx []int, results []Result) (bool, int64, error) {
+// units, when not nil, receives each check's third field as it is (the
+// units a force call moved).
+func parseReply(reply any, idx []int, results []Result, units []int64) (bool, int64, error) {
 	var head [2]int64
-	if err := parseResults(reply, head[:], idx, results); err != nil {
+	if err := parseResults(reply, head[:], idx, results, units); err != nil {
 		return false, 0, err
 	}
 	return head[0] == 1, head[1], nil
 }
 
 // parseResults reads a script reply made of len(head) integers, stored in
-// head, then (allowed, remaining, retry_us, reset_us) for each check of idx.
-func parseResults(reply any, head []int64, idx []int, results []Result) error {
+// head, then (allowed, remaining, retry_us, reset_us) for each check of idx;
+// units, when not nil, receives each check's retry_us field unconverted.
+func parseResults(reply any, head []int64, idx []int, results []Result, units []int64) error {
 	arr, ok := reply.([]any)
 	h := len(head)
 	if !ok || len(arr) != h+4*len(idx) {
@@ -568,6 +605,9 @@ func parseResults(reply any, head []int64, idx []int, results []Result) error {
 	}
 	for j, i := range idx {
 		r := arr[h+4*j : h+4+4*j]
+		if units != nil {
+			units[i] = num(r[2])
+		}
 		results[i] = Result{
 			Allowed:    num(r[0]) == 1,
 			Remaining:  num(r[1]),
@@ -584,40 +624,47 @@ func parseResults(reply any, head []int64, idx []int, results []Result) error {
 // eval runs script with EVALSHA and, when Redis does not know it
 // (NOSCRIPT, after a restart or SCRIPT FLUSH), at once again with EVAL,
 // which also caches it for the next EVALSHA. With batching the call shares
-// a pipeline with the concurrent calls to the same node; if ctx ends while
+// a pipeline with the concurrent calls to the same node, and its Timeout
+// starts when that pipeline is written (see batcher); if ctx ends while
 // the call is in flight, sc is marked so it is not reused (the batch may
-// still send its arguments).
+// still send its arguments). Without batching the Timeout bounds the whole
+// call.
 func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript, keys []string, args []any) (any, error) {
-	var start time.Time
-	if s.observe != nil {
-		start = time.Now()
-	}
 	var v any
 	var err error
+	var took time.Duration
 	if b := s.batcherFor(ctx, keys); b != nil {
+		var timing callTiming
 		var noscript, abandoned bool
-		v, noscript, abandoned, err = b.do(ctx, sc.deadline, rs.script, keys, args)
+		v, timing, noscript, abandoned, err = b.do(ctx, s.timeout, rs.script, keys, args)
 		sc.inFlight = abandoned
+		took = timing.Redis
 		if noscript && s.observe != nil {
 			s.observe(rs.name, "noscript", 0)
 		}
-	} else {
-		if !sc.deadline.IsZero() {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithDeadline(ctx, sc.deadline)
-			defer cancel()
+		if s.observeQueue != nil {
+			s.observeQueue(timing.Queued, err == ErrQueueTimeout)
 		}
-		v, err = rs.script.EvalSha(ctx, s.client, keys, args...).Result()
+		if err == ErrQueueTimeout {
+			// Never sent: no round trip to report, nothing Redis did.
+			return nil, fmt.Errorf("limiter: redis %s: %w", rs.name, err)
+		}
+	} else {
+		start := time.Now()
+		tctx, cancel := context.WithTimeout(ctx, s.timeout)
+		v, err = rs.script.EvalSha(tctx, s.client, keys, args...).Result()
 		if isNoScript(err) {
 			if s.observe != nil {
 				s.observe(rs.name, "noscript", time.Since(start))
 				start = time.Now()
 			}
-			v, err = rs.script.Eval(ctx, s.client, keys, args...).Result()
+			v, err = rs.script.Eval(tctx, s.client, keys, args...).Result()
 		}
+		cancel()
+		took = time.Since(start)
 	}
 	if s.observe != nil {
-		s.observe(rs.name, callResult(err), time.Since(start))
+		s.observe(rs.name, callResult(err), took)
 	}
 	if err != nil {
 		if s.cluster != nil && ctx.Err() != context.Canceled {
@@ -652,7 +699,7 @@ func (s *RedisStore) batcherFor(ctx context.Context, keys []string) *batcher {
 	if b, ok := s.nodeBatchers.Load(node); ok {
 		return b.(*batcher)
 	}
-	b, _ := s.nodeBatchers.LoadOrStore(node, newBatcher(node.Pipeline, s.cluster, s.functions))
+	b, _ := s.nodeBatchers.LoadOrStore(node, newBatcher(node.Pipeline, s.cluster, s.functions, s.queueTimeout))
 	return b.(*batcher)
 }
 
@@ -661,7 +708,6 @@ func (s *RedisStore) batcherFor(ctx context.Context, keys []string) *batcher {
 func (s *RedisStore) getScratch() *redisScratch {
 	sc := s.pool.Get().(*redisScratch)
 	sc.inFlight = false
-	sc.deadline = time.Time{}
 	return sc
 }
 
@@ -722,8 +768,6 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 	if len(sc.keys) == 0 {
 		return nil
 	}
-	ctx, cancel := s.withTimeout(ctx, sc)
-	defer cancel()
 	if !multi {
 		_, err := s.eval(ctx, sc, scriptRelease, sc.keys, sc.args)
 		return err
@@ -819,6 +863,27 @@ func (s *RedisStore) isBucketOf(key, tag, policy string) bool {
 	algo, _, _ := strings.Cut(key[len(s.prefix)+1:], ":")
 	_, err := ParseAlgorithm(algo)
 	return err == nil && algo != ""
+}
+
+// Ping asks Redis whether it answers: one PING (one per master of a
+// cluster), each bounded by the store's Timeout. A breaker's background
+// probe (BreakerOptions.Probe).
+func (s *RedisStore) Ping(ctx context.Context) error {
+	ping := func(ctx context.Context, c redis.UniversalClient) error {
+		ctx, cancel := context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+		return c.Ping(ctx).Err()
+	}
+	var err error
+	if s.cluster != nil {
+		err = s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return ping(ctx, c) })
+	} else {
+		err = ping(ctx, s.client)
+	}
+	if err != nil {
+		return fmt.Errorf("limiter: redis ping: %w", err)
+	}
+	return nil
 }
 
 // Close implements Store. It does not close the client, which the store

@@ -498,7 +498,7 @@ func BenchmarkRedisBatching(b *testing.B) {
 			if err != nil {
 				return err
 			}
-			_, _, err = parseReply(reply, sc.all, res)
+			_, _, err = parseReply(reply, sc.all, res, nil)
 			return err
 		})
 	})

@@ -74,13 +74,17 @@ func debtUnits(r Rate, interval int64) int64 {
 // counts as MaxCount. Unlimited, failed-open and concurrency items are
 // left alone. Call it before Release, at most once.
 //
-// The settlement goes to the store that decided the request. When that
-// store fails, it goes to fb.Store with the rate scaled as the fallback
-// decides, and the units it charged there are recorded by fb.Recorder, to
-// be charged to the primary store once it is back (as for a fallback
-// admission, down to empty, never into debt); the primary store's error is
-// returned. A request the fallback decided is settled there and recorded
-// the same way.
+// The settlement goes to the store that decided the request, as one
+// Charge call with an id of its own (NewChargeID), so that it lands once.
+// When that store fails, the settlement is made on fb.Store with the rate
+// scaled as the fallback decides (so this instance holds the tenant to
+// it meanwhile), and fb.Recorder keeps it for the primary store: a call
+// that may have run (a timeout, a broken connection) is kept with its id
+// and sent again until the store answers it (Recorder.Retry); one that
+// never left (the breaker was open) is recorded as units (Record).
+// Either way it is charged into debt once the store is back, never twice;
+// the primary store's error is returned. A request the fallback decided is
+// settled there and recorded the same way.
 func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error {
 	if !d.Admitted || d.decidedBy == nil {
 		return nil
@@ -103,21 +107,28 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 		return nil
 	}
 	if fb.Store != nil && d.decidedBy == fb.Store {
-		d.record(fb, d.checks)
-		return settleOn(ctx, fb.Store, d.checks, d.settleDeltas)
+		d.recordDebt(fb)
+		return settleOn(ctx, fb.Store, "", d.checks, d.settleDeltas)
 	}
+	id := NewChargeID()
 	// settleOn zeroes the deltas it settled: what is left failed.
-	err := settleOn(ctx, d.decidedBy, d.checks, d.settleDeltas)
+	err := settleOn(ctx, d.decidedBy, id, d.checks, d.settleDeltas)
 	if err == nil || errors.Is(err, ErrInvalidCheck) || fb.Store == nil {
 		return err
+	}
+	if fb.Recorder != nil {
+		if NotSent(err) {
+			d.recordDebt(fb)
+		} else {
+			d.retrySettle(fb.Recorder, id)
+		}
 	}
 	local := append(d.settleChecks[:0], d.checks...)
 	for k := range local {
 		local[k].Rate = local[k].Rate.scaled(fb.Scale)
 	}
 	d.settleChecks = local
-	d.record(fb, local)
-	ferr := settleOn(ctx, fb.Store, local, d.settleDeltas)
+	ferr := settleOn(ctx, fb.Store, "", local, d.settleDeltas)
 	if ferr != nil {
 		return fmt.Errorf("%w (and the fallback store failed: %v)", err, ferr)
 	}
@@ -127,26 +138,42 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 // errSettleAfterRelease: Release compacted the checks Settle needs.
 var errSettleAfterRelease = errors.New("limiter: Settle called after Release")
 
-// record records the positive deltas a settlement charges to fb.Store.
-func (d *Decision) record(fb Fallback, checks []Check) {
+// recordDebt records the deltas a settlement has left to make with the
+// items' unscaled rates, for the primary store (Recorder.Record).
+func (d *Decision) recordDebt(fb Fallback) {
 	if fb.Recorder == nil {
 		return
 	}
 	for j, i := range d.counted {
-		if delta := d.settleDeltas[j]; delta > 0 {
-			fb.Recorder.Record(&checks[j], d.Verdicts[i].Limit.Rate, delta)
+		if delta := d.settleDeltas[j]; delta != 0 && delta != noDelta {
+			fb.Recorder.Record(&d.checks[j], d.Verdicts[i].Limit.Rate, delta)
 		}
 	}
 }
 
-// settleOn settles on store the checks whose delta is not noDelta:
-// positive deltas are forced charges against debtRate (Charger), negative
-// ones refunds (Refunder). A LeaseStore takes what it can from its leases
+// retrySettle hands the deltas a settlement has left to make, under its
+// id, to rec (Recorder.Retry).
+func (d *Decision) retrySettle(rec *Recorder, id string) {
+	checks := make([]Check, 0, len(d.checks))
+	for j, i := range d.counted {
+		if delta := d.settleDeltas[j]; delta != 0 && delta != noDelta && (delta > 0 || givesBack(d.checks[j].Algorithm)) {
+			c := d.checks[j]
+			c.Rate, c.Cost, c.Shadow = d.Verdicts[i].Limit.Rate, delta, false
+			checks = append(checks, c)
+		}
+	}
+	rec.Retry(id, checks)
+}
+
+// settleOn settles on store the checks whose delta is not noDelta, in one
+// Charge call with id: positive deltas are charged against debtRate,
+// negative ones given back (token bucket and GCRA only; other algorithms
+// keep their units). A LeaseStore takes what it can from its leases
 // first. The deltas it settled are set to 0: on error, what is not 0 is
 // what failed.
-func settleOn(ctx context.Context, store Store, checks []Check, deltas []int64) error {
+func settleOn(ctx context.Context, store Store, id string, checks []Check, deltas []int64) error {
 	if ls, ok := store.(*LeaseStore); ok {
-		return ls.settle(ctx, checks, deltas)
+		return ls.settle(ctx, id, checks, deltas)
 	}
 	sc := settleScratches.Get().(*settleScratch)
 	defer sc.put()
@@ -156,51 +183,54 @@ func settleOn(ctx context.Context, store Store, checks []Check, deltas []int64) 
 		case delta > 0:
 			c.Rate = debtRate(c.Algorithm, c.Rate)
 			c.Cost, c.Shadow = delta, false
-			sc.debit = append(sc.debit, c)
+			sc.moves = append(sc.moves, c)
+			sc.idx = append(sc.idx, i)
 		default:
-			c.Cost = -delta
-			if refundable(&c) {
-				sc.refund = append(sc.refund, c)
+			c.Cost, c.Shadow = delta, false
+			c.Rate.Delay = 0
+			if givesBack(c.Algorithm) {
+				sc.moves = append(sc.moves, c)
+				sc.idx = append(sc.idx, i)
+			} else {
+				deltas[i] = 0 // kept, by design
 			}
 		}
 	}
-	var derr, rerr error
-	if len(sc.debit) > 0 {
-		ch, ok := store.(Charger)
-		if !ok {
-			return ErrNoCharge
-		}
-		sc.charged = resizeSlice(sc.charged, len(sc.debit))
-		derr = ch.Charge(ctx, sc.debit, sc.charged)
+	if len(sc.moves) == 0 {
+		return nil
 	}
-	if len(sc.refund) > 0 {
-		if rf, ok := store.(Refunder); ok {
-			rerr = rf.Refund(ctx, sc.refund)
-		}
+	ch, ok := store.(Charger)
+	if !ok {
+		return ErrNoCharge
 	}
+	sc.charged = resizeSlice(sc.charged, len(sc.moves))
+	for j := range sc.charged {
+		sc.charged[j] = ChargeFailed // unless the store says otherwise
+	}
+	err := ch.Charge(ctx, id, sc.moves, sc.charged)
 	// Mark what was settled, so that a caller falls back with the rest
 	// only (a charge must not be made twice).
-	for i, delta := range deltas {
-		if (delta > 0 && derr == nil) || (delta < 0 && delta != noDelta && rerr == nil) {
+	for j, i := range sc.idx {
+		if n := sc.charged[j]; err == nil || (n != ChargeFailed && n != ChargeRefused) {
 			deltas[i] = 0
 		}
 	}
-	return errors.Join(derr, rerr)
+	return err
 }
 
 // settleScratch is settleOn's working memory, pooled.
 type settleScratch struct {
-	debit, refund []Check
-	charged       []int64
+	moves   []Check
+	idx     []int
+	charged []int64
 }
 
 var settleScratches = sync.Pool{New: func() any { return new(settleScratch) }}
 
 // put returns sc to the pool without keeping the checks' strings alive.
 func (sc *settleScratch) put() {
-	clear(sc.debit)
-	clear(sc.refund)
-	sc.debit, sc.refund = sc.debit[:0], sc.refund[:0]
+	clear(sc.moves)
+	sc.moves, sc.idx = sc.moves[:0], sc.idx[:0]
 	settleScratches.Put(sc)
 }
 
@@ -214,7 +244,7 @@ func (sc *settleScratch) put() {
 // the settlement goes to the inner store and the lease ends (the sweeper
 // gives its units back), so that the instance does not go on serving a
 // bucket that is now in debt.
-func (s *LeaseStore) settle(ctx context.Context, checks []Check, deltas []int64) error {
+func (s *LeaseStore) settle(ctx context.Context, id string, checks []Check, deltas []int64) error {
 	if !s.closed.Load() && leasable(checks) {
 		kb := s.keys.Get().(*[]byte)
 		*kb = appendLeaseKey((*kb)[:0], checks)
@@ -227,7 +257,7 @@ func (s *LeaseStore) settle(ctx context.Context, checks []Check, deltas []int64)
 			s.count(e, LeaseSpent, s.settleLease(e, checks, deltas))
 		}
 	}
-	return settleOn(ctx, s.inner, checks, deltas)
+	return settleOn(ctx, s.inner, id, checks, deltas)
 }
 
 // settleLease pays what it can of deltas from e's leased units and

@@ -301,7 +301,7 @@ type chargeCounter struct {
 	units int64
 }
 
-func (c *chargeCounter) Charge(_ context.Context, checks []Check, charged []int64) error {
+func (c *chargeCounter) Charge(_ context.Context, _ string, checks []Check, charged []int64) error {
 	for i := range checks {
 		c.units += checks[i].Cost
 		charged[i] = checks[i].Cost
@@ -312,7 +312,7 @@ func (c *chargeCounter) Charge(_ context.Context, checks []Check, charged []int6
 // failingCharger is a store whose charges fail.
 type failingCharger struct{ *MemoryStore }
 
-func (failingCharger) Charge(context.Context, []Check, []int64) error { return errUnreachable }
+func (failingCharger) Charge(context.Context, string, []Check, []int64) error { return errUnreachable }
 
 // TestSettleLease: a settlement is paid from leased units first, so the
 // shared bucket ends exactly where strict decisions would leave it, and
@@ -410,5 +410,75 @@ func TestSettleDebtDelays(t *testing.T) {
 		if got := d.Wait(); d.Admitted != (tc.wait > 0) || got != tc.wait {
 			t.Errorf("delay %s: admitted %v, wait %s; want wait %s (0: denied)", tc.delay, d.Admitted, got, tc.wait)
 		}
+	}
+}
+
+// idCharger is a store whose charges fail with err, recording their ids.
+type idCharger struct {
+	*MemoryStore
+	err error
+	ids []string
+}
+
+func (c *idCharger) Charge(_ context.Context, id string, _ []Check, _ []int64) error {
+	c.ids = append(c.ids, id)
+	return c.err
+}
+
+// TestSettleRetriesWithItsID: a settlement whose call fails and may have
+// run (a timeout) is kept with the id it was sent with, and recovery sends
+// it again with that id, into debt; one the breaker refused (never sent)
+// is recorded as units and charged under a new id. Both are settled on the
+// fallback store meanwhile.
+func TestSettleRetriesWithItsID(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		err     error
+		sameID  bool
+		pending int
+	}{
+		{"timeout", fmt.Errorf("limiter: redis force: %w", context.DeadlineExceeded), true, 1},
+		{"breaker open", ErrBreakerOpen, false, 1},
+		{"queue shed", fmt.Errorf("limiter: redis force: %w", ErrQueueTimeout), false, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fbStore, _ := newTestStore(t, MemoryOptions{})
+			rec := NewRecorder(RecorderOptions{})
+			fb := Fallback{Store: fbStore, Scale: 1, Recorder: rec}
+			p := meteredPolicy("tokens", TokenBucket)
+			m, _ := newTestStore(t, MemoryOptions{})
+			var d Decision
+			if err := d.Decide(bgCtx, m, []Item{{Policy: p, Tenant: "t", Cost: 1}}); err != nil || !d.Admitted {
+				t.Fatal(d.Admitted, err)
+			}
+			primary := &idCharger{MemoryStore: m, err: c.err}
+			d.decidedBy = primary
+			if err := d.Settle(bgCtx, fb, []int64{250}); !errors.Is(err, c.err) {
+				t.Fatalf("settle: %v, want %v", err, c.err)
+			}
+			if rec.Pending() != c.pending {
+				t.Fatalf("Pending %d, want %d", rec.Pending(), c.pending)
+			}
+			chk := Check{Algorithm: TokenBucket, Tenant: "t", Policy: "tokens", Rate: p.Limit.Rate}
+			if r := mustPeek(t, fbStore, chk); r[0].Remaining != 0 {
+				t.Errorf("fallback bucket: remaining %d, want 0 (settled there too)", r[0].Remaining)
+			}
+			var sent []Check
+			var ids []string
+			if _, err := rec.Flush(bgCtx, chargeFunc(func(id string, checks []Check, charged []int64) error {
+				ids = append(ids, id)
+				sent = append(sent, checks...)
+				return nil
+			})); err != nil {
+				t.Fatal(err)
+			}
+			want := Check{Algorithm: TokenBucket, Tenant: "t", Policy: "tokens", Rate: debtRate(TokenBucket, p.Limit.Rate), Cost: 249}
+			if len(sent) != 1 || sent[0] != want {
+				t.Fatalf("recovery sent %+v, want %+v", sent, want)
+			}
+			if same := ids[0] == primary.ids[0]; same != c.sameID || ids[0] == "" {
+				t.Fatalf("recovery id %q, first attempt's %q: same %v, want %v", ids[0], primary.ids[0], same, c.sameID)
+			}
+		})
 	}
 }

@@ -616,7 +616,7 @@ func TestRedisSlidingLogCharge(t *testing.T) {
 	mustDecide(t, s, c)
 	clk.Advance(time.Second)
 	charged := make([]int64, 2)
-	if err := s.Charge(bgCtx, []Check{withCost(c, 5), withCost(c, 1000)}, charged); err != nil {
+	if err := s.Charge(bgCtx, "", []Check{withCost(c, 5), withCost(c, 1000)}, charged); err != nil {
 		t.Fatal(err)
 	}
 	if charged[0] != 5 || charged[1] != 12 {
@@ -631,11 +631,11 @@ func TestRedisSlidingLogCharge(t *testing.T) {
 	// Running counts are kept modulo 2^53: 2^40 units that expired plus
 	// a full window of MaxCount units wrap the newest count to 2^40-1.
 	h := Check{Algorithm: SlidingLog, Tenant: "fh", Policy: "p", Rate: Rate{Limit: MaxCount, Window: time.Minute}}
-	if err := s.Charge(bgCtx, []Check{withCost(h, 1<<40)}, charged[:1]); err != nil {
+	if err := s.Charge(bgCtx, "", []Check{withCost(h, 1<<40)}, charged[:1]); err != nil {
 		t.Fatal(err)
 	}
 	clk.Advance(2 * time.Minute)
-	if err := s.Charge(bgCtx, []Check{withCost(h, 1<<40), withCost(h, MaxCount)}, charged); err != nil {
+	if err := s.Charge(bgCtx, "", []Check{withCost(h, 1<<40), withCost(h, MaxCount)}, charged); err != nil {
 		t.Fatal(err)
 	}
 	if charged[0] != 1<<40 || charged[1] != MaxCount-1<<40 {

@@ -108,6 +108,30 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- Calls applied once. A call that may be retried or replayed (a
+-- settlement, a recovery charge, a refund, a lease give-back) carries an
+-- id, sent as its last key: <prefix>:once:{<tenant>}:<id>, in the hash
+-- slot of the buckets it changes. The first run of the call records its
+-- reply there for ONCE_TTL_MS (limiter.IdempotencyTTL); a run that finds
+-- the key changes nothing and answers the recorded reply.
+local ONCE_TTL_MS = 600000
+
+-- once_get returns the reply recorded under id key, or nil.
+local function once_get(key)
+  local raw = redis.call('GET', key)
+  if not raw then return nil end
+  local out = {}
+  for v in string.gmatch(raw, '[^,]+') do out[#out + 1] = tonumber(v) end
+  return out
+end
+
+-- once_put records reply out (a list of integers) under id key.
+local function once_put(key, out)
+  local parts = {}
+  for i = 1, #out do parts[i] = int(out[i]) end
+  redis.call('SET', key, table.concat(parts, ','), 'PX', ONCE_TTL_MS)
+end
+
 -- now_us returns the instant of the call: Redis TIME, read once per script.
 -- override (an argument) replaces it only in tests; production passes "0".
 local function now_us(override)

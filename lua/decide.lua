@@ -1,11 +1,13 @@
 -- decide.lua: the entry point of the decide script (limiter.RedisStore
 -- Decide, Peek and Charge). One call decides one request, all or nothing.
 --
--- KEYS[i]  the bucket key of check i (all in one cluster slot)
+-- KEYS[i]  the bucket key of check i (all in one cluster slot); in mode
+--          "force_once", one more key last: the call's id (common.lua)
 -- ARGV[1]  mode: "decide" (charge if admitted), "peek" (never charge; each
 --          check alone against the stored state), "dry" (evaluate as
---          decide, then answer as for a request that was not admitted) or
---          "force" (charge without deciding: see below)
+--          decide, then answer as for a request that was not admitted),
+--          "force" (move units without deciding: see below) or
+--          "force_once" (force, applied once per id)
 -- ARGV[2]  "0", or an instant in µs that replaces Redis TIME (tests only)
 -- ARGV[3 + 7(i-1) ...] check i: algorithm, limit, window_us, burst,
 --          min_interval_us, cost, shadow ("1"/"0")
@@ -21,18 +23,28 @@
 -- is charged and each written key gets a TTL. Otherwise nothing is written,
 -- and the checks that allowed report their bucket as it is.
 --
--- Force (recovery accounting, limiter.RedisStore.Charge): every check is
--- charged min(cost, remaining) units, in order, whatever the others do: the
--- bucket is driven at most down to empty, never into debt (token bucket:
--- deficit at most the capacity; GCRA: TAT at most now + tolerance; sliding
--- and fixed windows and sliding log: at most limit units counted;
--- min_interval is ignored; concurrency buckets are never charged). The
+-- Force (limiter.RedisStore.Charge: settlements, recovery charges,
+-- refunds): every check moves units in order, whatever the others do. A
+-- positive cost charges min(cost, remaining) units: the bucket is driven
+-- at most down to its empty under the check's rate, never further (token
+-- bucket: deficit at most the capacity; GCRA: TAT at most now + tolerance;
+-- sliding and fixed windows and sliding log: at most limit units counted),
+-- so a caller that wants debt sends a rate with room for it;
+-- min_interval is ignored and concurrency buckets are never charged. A
+-- negative cost gives -cost units back to a token bucket or GCRA bucket
+-- that exists (never beyond full; other algorithms are left alone). The
 -- reply's admitted is 1, and each check's retry_after_us field holds the
--- units actually charged (allowed is 1 when any were); remaining and reset
--- describe the bucket afterwards.
+-- units moved (negative for a give-back; allowed is 1 when any moved);
+-- remaining and reset describe the bucket afterwards.
 local mode = ARGV[1]
-local now = now_us(ARGV[2])
 local n = #KEYS
+local once
+if mode == 'force_once' then
+  once, n, mode = KEYS[n], n - 1, 'force'
+  local prev = once_get(once)
+  if prev then return prev end
+end
+local now = now_us(ARGV[2])
 
 -- One check in decide mode, the common request: the same semantics as the
 -- loop below without its per-check tables (each table costs Redis about
@@ -56,8 +68,8 @@ for i = 1, n do
   local key = KEYS[i]
   local b = buckets[key]
   if not b then
-    local s = load(alg, key)
-    b = {orig = s, cur = s}
+    local s, exists = load(alg, key)
+    b = {orig = s, cur = s, exists = exists}
     buckets[key] = b
   end
   algs[i], rates[i], costs[i] = alg, r, cost
@@ -69,18 +81,27 @@ for i = 1, n do
     end
   elseif mode == 'force' then
     -- Charge what fits, without min_interval; never a concurrency slot.
+    -- Give back to a token bucket or GCRA bucket that still exists.
     local fr = {limit = r.limit, window = r.window, burst = r.burst, minint = 0, cap = r.cap}
+    local name = ARGV[3 + CHECK_ARGS * (i - 1)]
     local units = 0
-    if ARGV[3 + CHECK_ARGS * (i - 1)] ~= 'concurrency' then
+    if cost < 0 then
+      if b.exists and (name == 'token_bucket' or name == 'gcra') then
+        units = cost
+        nxt = alg.refund(b.cur, fr, -cost, now)
+      end
+    elseif name ~= 'concurrency' then
       local _, avail = alg.eval(b.cur, now, fr, 0)
       units = math.min(cost, avail)
     end
     ok = false
-    if units > 0 then
+    if units < 0 then
+      ok, rem[i], retry[i], reset[i] = alg.eval(nxt, now, fr, 0)
+    elseif units > 0 then
       ok, rem[i], retry[i], reset[i], nxt = alg.eval(b.cur, now, fr, units)
     end
     if ok then
-      b.cur = nxt
+      b.cur, b.exists = nxt, true
       charged[i] = true
       forced[i] = units
     else
@@ -130,4 +151,5 @@ for i = 1, n do
   end
   out[j + 3] = math.max(reset[i], 0)
 end
+if once then once_put(once, out) end
 return out

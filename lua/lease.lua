@@ -3,14 +3,18 @@
 -- of a set of buckets and takes a new one: up to `want` requests' worth of
 -- units from every bucket at once, all or nothing.
 --
--- KEYS[i]  the bucket key of check i (all in one cluster slot, all distinct)
+-- KEYS[i]  the bucket key of check i (all in one cluster slot, all distinct);
+--          when ARGV[7] is not "0", one more key last: the call's id
+--          (common.lua)
 -- ARGV[1]  "0", or an instant in µs that replaces Redis TIME (tests only)
 -- ARGV[2]  want: how many requests the lease should cover (0: only give back)
 -- ARGV[3]  live instances sharing the budget (>= 1)
 -- ARGV[4]  lease ttl in µs
 -- ARGV[5]  give back: requests' worth of units left from the previous lease
 -- ARGV[6]  the instant (µs) the previous lease was charged at
--- ARGV[7 + 7(i-1) ...] check i, laid out as for decide.lua; cost is one
+-- ARGV[7]  "0": no id; "1": applied once per id; "2": a retry of the call
+--          with this id, whose reply was lost (see below)
+-- ARGV[8 + 7(i-1) ...] check i, laid out as for decide.lua; cost is one
 --          request's units. Only token_bucket, gcra, sliding_window,
 --          fixed_window and calendar may lease; shadow is ignored.
 --
@@ -32,6 +36,14 @@
 -- the end of the current window for sliding and fixed windows, and of the
 -- current period for calendar ones (units of a window spent in the next
 -- one would be counted in the wrong window).
+--
+-- Ids: a call with an id records {granted, now_us, undone} under it. A
+-- call that finds its id recorded gives nothing back again and takes
+-- nothing; it answers the recorded grant and instant. A retry ("2", sent
+-- with want 0) makes the call's outcome what a give-back alone would have
+-- been: when the lost call ran, the units it granted (which nobody will
+-- serve) go back; when it did not, its give-back is made now. Either way
+-- once.
 local now = now_us(ARGV[1])
 local want = tonumber(ARGV[2])
 local instances = math.max(tonumber(ARGV[3]), 1)
@@ -39,11 +51,32 @@ local expires = tonumber(ARGV[4])
 local back = tonumber(ARGV[5])
 local back_at = tonumber(ARGV[6])
 local n = #KEYS
+local once, record, replay
+if ARGV[7] ~= '0' then
+  once, n = KEYS[n], n - 1
+  local prev = once_get(once)
+  if prev then
+    want, back = 0, 0
+    if ARGV[7] == '1' then
+      -- The same call again (a client that re-sent it): the same grant.
+      replay = prev
+    elseif prev[3] == 0 and prev[1] > 0 then
+      -- The lost call ran: give back what it granted.
+      back, back_at = prev[1], prev[2]
+      record = {prev[1], prev[2], 1}
+    end
+  elseif ARGV[7] == '2' then
+    want = 0
+    record = {0, now, 1}
+  else
+    record = {0, now, 0}
+  end
+end
 
 local algs, rates, costs, states, dirty = {}, {}, {}, {}, {}
 for i = 1, n do
-  local alg, r, cost = parse_check(i, 6)
-  local name = ARGV[7 + CHECK_ARGS * (i - 1)]
+  local alg, r, cost = parse_check(i, 7)
+  local name = ARGV[8 + CHECK_ARGS * (i - 1)]
   if name ~= 'token_bucket' and name ~= 'gcra' and name ~= 'sliding_window' and name ~= 'fixed_window' and name ~= 'calendar' then
     error('tollgate: ' .. name .. ' cannot lease')
   end
@@ -114,6 +147,11 @@ for i = 1, n do
 end
 
 out[1] = k
+if replay then out[1], out[2] = replay[1], replay[2] end
+if record then
+  if record[3] == 0 then record[1] = k end
+  once_put(once, record)
+end
 for i = 1, n do
   local j = 4 + 4 * (i - 1)
   out[j], out[j + 1], out[j + 2], out[j + 3] = res[i][1], res[i][2], res[i][3], math.max(res[i][4], 0)
