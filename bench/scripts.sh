@@ -52,6 +52,17 @@ row() {
 	local name=$1 algo form
 	case $name in
 	floor) echo "evalsha $floor 1 rl:floor:{tenant-__rand_int__}:api"; return ;;
+	charge/*)
+		# A settlement's forced charge on one tenant's bucket, without and
+		# with an id (a new one per call: __rand_int__ over 10^9).
+		form=${name#charge/}
+		local tb="token_bucket 1099511627776 3600000000 0 0 1 0"
+		case $form in
+		force) echo "evalsha $sha 1 rl:token_bucket:{tenant-42}:tokens force 0 $tb" ;;
+		once) echo "evalsha $sha 2 rl:token_bucket:{tenant-42}:tokens rl:once:{tenant-42}:id-__rand_int__ force_once 0 $tb" ;;
+		once-fcall) echo "fcall ${lib}_decide 2 rl:token_bucket:{tenant-42}:tokens rl:once:{tenant-42}:id-__rand_int__ force_once 0 $tb" ;;
+		esac
+		return ;;
 	3-policies/*)
 		form=${name#3-policies/}
 		local ks="3 rl:token_bucket:{tenant-42}:burst rl:sliding_window:{tenant-42}:minute rl:fixed_window:{tenant-42}:daily"
@@ -71,15 +82,18 @@ rows=(floor)
 for a in token_bucket gcra sliding_window fixed_window sliding_log concurrency 3-policies; do
 	rows+=("$a/evalsha" "$a/fcall")
 done
+rows+=(charge/force charge/once charge/once-fcall)
 
 # measure NAME -> usec_per_call of the row's command.
 measure() {
 	local args cmd
 	args=$(row "$1")
 	cmd=${args%% *}
+	local keyspace=100
+	case $1 in charge/*) keyspace=1000000000 ;; esac
 	cli config resetstat >/dev/null
 	# shellcheck disable=SC2086
-	redis-benchmark -p "$redis_port" -n "$CALLS" -P 16 -c 4 -r 100 -q $args >/dev/null
+	redis-benchmark -p "$redis_port" -n "$CALLS" -P 16 -c 4 -r "$keyspace" -q $args >/dev/null
 	cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' -v c="cmdstat_$cmd:" 'index($0, c) == 1 { split($2, a, ","); print a[1] }'
 }
 
@@ -96,10 +110,22 @@ for round in $(seq "$ROUNDS"); do
 	done
 done
 
+# What an id costs in memory: used_memory before and after 100 000 calls
+# with new ids, per id (the key, its value, its expiry).
+cli flushall >/dev/null
+before=$(cli info memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
+# shellcheck disable=SC2046
+redis-benchmark -p "$redis_port" -n 100000 -P 16 -c 4 -r 1000000000 -q $(row charge/once) >/dev/null
+after=$(cli info memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
+ids=$(cli dbsize | tr -d '\r')
+results+=("memory $((after - before)) $((ids - 1))")
+
 python3 - "$ROUNDS" "$CALLS" "${results[@]}" <<'PY'
 import sys, statistics
 rounds, calls = sys.argv[1], sys.argv[2]
 rows = [r.split() for r in sys.argv[3:]]
+mem = [r for r in rows if r[0] == "memory"]
+rows = [r for r in rows if r[0] != "memory"]
 floor = {rnd: float(us) for rnd, name, us in rows if name == "floor"}
 by = {}
 for rnd, name, us in rows:
@@ -122,4 +148,14 @@ for a in ["token_bucket", "gcra", "sliding_window", "fixed_window", "sliding_log
     e, er = cell(a + "/evalsha")
     f, fr = cell(a + "/fcall")
     print(f"| {names.get(a, a)} | {e} | {er} | {f} | {fr} |")
+print()
+print("| a settlement's forced charge (one token bucket) | `EVALSHA`: µs | ratio to the floor |")
+print("|---|---|---|")
+for name, label in [("charge/force", "without an id"), ("charge/once", "with an id (`force_once`)"), ("charge/once-fcall", "with an id, `FCALL`")]:
+    us, r = cell(name)
+    print(f"| {label} | {us} | {r} |")
+if mem:
+    _, delta, ids = mem[0]
+    print()
+    print(f"Memory per id: {int(delta) / max(int(ids), 1):.0f} bytes ({ids} ids kept, used_memory +{int(delta)} bytes), for IdempotencyTTL (10 minutes).")
 PY

@@ -58,8 +58,9 @@ func scriptUsecPerCall(b testing.TB, client *redis.Client) float64 {
 	return usec / calls
 }
 
-// scriptStats reads calls and usec (total µs) of EVALSHA and FCALL from
-// INFO commandstats.
+// scriptStats reads calls (those that did not fail: a NOSCRIPT answer is
+// not a decision) and usec (total µs) of EVALSHA and FCALL from INFO
+// commandstats.
 func scriptStats(tb testing.TB, client *redis.Client) (calls, usec float64) {
 	tb.Helper()
 	for _, cmd := range []string{"cmdstat_evalsha", "cmdstat_fcall"} {
@@ -69,6 +70,9 @@ func scriptStats(tb testing.TB, client *redis.Client) (calls, usec float64) {
 			switch k {
 			case "calls":
 				calls += f
+			case "failed_calls":
+				// NOSCRIPT answers, the script then loaded and called again.
+				calls -= f
 			case "usec":
 				usec += f
 			default:
