@@ -384,7 +384,7 @@ http://127.0.0.1:{PORT} {
 				failed = append(failed, fmt.Sprintf("%s/%s %v", script, result, f.Counter.GetValue()))
 			}
 		}
-		shed, _ := metricValue(fams, "caddy_rate_limit_redis_shed_total", map[string]string{})
+		shed, _ := metricValue(fams, "caddy_rate_limit_redis_queue_shed_total", map[string]string{})
 		queued, _ := metricValue(fams, "caddy_rate_limit_redis_queue_seconds", map[string]string{})
 		t.Logf("instance %d: %v calls queued, %v shed, failed calls %v", i, queued, shed, failed)
 		for _, d := range []string{"fallback_allowed", "fallback_denied", "failed_open", "failed_closed"} {

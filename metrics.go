@@ -165,7 +165,7 @@ var collectors = struct {
 	delay          *prometheus.HistogramVec
 	costMissing    *prometheus.CounterVec
 	redisQueue     prometheus.Histogram
-	redisShed      prometheus.Counter
+	redisQueueShed prometheus.Counter
 }{
 	requests: newCounterVec("requests_total",
 		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
@@ -210,7 +210,7 @@ var collectors = struct {
 		"policy"),
 	redisQueue: newHistogram("redis_queue_seconds",
 		"Time Redis calls waited in this instance before they were written to Redis (not counted against the Redis timeout)."),
-	redisShed: newCounter("redis_shed_total",
+	redisQueueShed: newCounter("redis_queue_shed_total",
 		"Redis calls shed unsent because they waited longer than the queue limit in this instance (a busy host, not a slow Redis); their requests were decided by the fail mode."),
 }
 
@@ -220,7 +220,7 @@ func allCollectors() []prometheus.Collector {
 		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
 		collectors.tenantRequests, collectors.denialsDropped,
 		collectors.nearLimit, collectors.tenantNear, collectors.delay, collectors.costMissing,
-		collectors.redisQueue, collectors.redisShed,
+		collectors.redisQueue, collectors.redisQueueShed,
 		compatCollectors.declined, compatCollectors.processTime, compatCollectors.keys, compatCollectors.config,
 	}
 }
@@ -255,7 +255,7 @@ func (metricsObserver) RedisCall(script, result string, d time.Duration) {
 func (metricsObserver) RedisQueued(wait time.Duration, shed bool) {
 	collectors.redisQueue.Observe(wait.Seconds())
 	if shed {
-		collectors.redisShed.Inc()
+		collectors.redisQueueShed.Inc()
 	}
 }
 

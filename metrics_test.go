@@ -41,7 +41,7 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_delay_seconds":             {"histogram", []string{"policy"}},
 		"caddy_rate_limit_cost_missing_total":        {"counter", []string{"policy"}},
 		"caddy_rate_limit_redis_queue_seconds":       {"histogram", nil},
-		"caddy_rate_limit_redis_shed_total":          {"counter", nil},
+		"caddy_rate_limit_redis_queue_shed_total":    {"counter", nil},
 		// caddy-ratelimit's families, without its unbounded key label.
 		"caddy_rate_limit_declined_requests_total": {"counter", []string{"zone"}},
 		"caddy_rate_limit_process_time_seconds":    {"histogram", []string{"zone"}},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -89,6 +90,9 @@ type Backend struct {
 	stacksMu sync.Mutex
 	stacks   map[*Stack]struct{}
 
+	// probes counts the breaker's background probes.
+	probes atomic.Int64
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -152,7 +156,7 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 		OnStateChange: b.breakerChanged,
 		// An idle instance closes its breaker too once Redis answers:
 		// one PING per cooldown while open.
-		Probe: b.redis.Ping,
+		Probe: b.probe,
 	})
 	b.reg = limiter.NewRegistry(limiter.RegistryOptions{
 		Client:  c.UniversalClient,
@@ -192,6 +196,9 @@ func (b *Backend) Release() error {
 	close(b.stop)
 	<-b.done
 	b.flush()
+	// Stops the breaker's background probe (the store itself holds no
+	// resource: the client is released below).
+	_ = b.store.Close()
 	b.denials.close()
 	b.nearPub.close()
 	b.ovr.close()
@@ -234,6 +241,12 @@ func (b *Backend) observeRedis(script, result string, d time.Duration) {
 	if o := b.users.observe(); o != nil {
 		o.RedisCall(script, result, d)
 	}
+}
+
+// probe is the breaker's background probe: a PING, counted (probes).
+func (b *Backend) probe(ctx context.Context) error {
+	b.probes.Add(1)
+	return b.redis.Ping(ctx)
 }
 
 // observeQueue reports how long a Redis call waited in this instance

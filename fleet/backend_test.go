@@ -38,6 +38,32 @@ func TestAnyBreakerOpen(t *testing.T) {
 	}
 }
 
+// TestBackendProbesUntilReleased: an open breaker probes Redis by itself
+// each cooldown, without requests, and stops once the backend is released
+// (its timer would otherwise keep a released backend alive for good).
+func TestBackendProbesUntilReleased(t *testing.T) {
+	const cooldown = 30 * time.Millisecond
+	down, err := Acquire(BackendOptions{Connection: Connection{Addresses: []string{"127.0.0.1:1"}, Timeout: 100 * time.Millisecond},
+		Prefix: "probe", BreakerFailures: 1, BreakerCooldown: cooldown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := limiter.Check{Algorithm: limiter.TokenBucket, Tenant: "t", Policy: "p", Rate: limiter.Rate{Limit: 1, Window: time.Second}, Cost: 1}
+	_, _ = down.Store().Decide(context.Background(), []limiter.Check{c}, make([]limiter.Result, 1))
+	if !down.Store().Open() {
+		t.Fatal("breaker not open after a failed call")
+	}
+	waitFor(t, func() bool { return down.probes.Load() >= 2 })
+	if err := down.Release(); err != nil {
+		t.Log(err)
+	}
+	n := down.probes.Load()
+	time.Sleep(10 * cooldown)
+	if got := down.probes.Load(); got > n+1 { // one may have been due
+		t.Fatalf("%d probes after Release, want none", got-n)
+	}
+}
+
 // TestBackendClusterFunctions: with functions on a Redis Cluster, the
 // backend's store sees the cluster client (not the shared client's
 // wrapper), so it batches per master and loads the function library on

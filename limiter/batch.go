@@ -186,8 +186,10 @@ func (b *batcher) do(ctx context.Context, timeout time.Duration, script *luaScri
 			return nil, timing, false, true, ctx.Err()
 		case <-queueLimit:
 			if c.state.CompareAndSwap(callQueued, callAbandoned) {
-				// Never written: the flusher skips it.
-				return nil, callTiming{Queued: time.Since(c.queued)}, false, true, ErrQueueTimeout
+				// Never written: the flusher skips it without reading
+				// its arguments, so the caller may reuse them (c itself
+				// stays with the queue, not pooled).
+				return nil, callTiming{Queued: time.Since(c.queued)}, false, false, ErrQueueTimeout
 			}
 			// Written meanwhile: its batch's deadline bounds the wait.
 			queueLimit = nil
@@ -294,13 +296,12 @@ func (b *batcher) send(batch []*batchCall) (timedOut bool) {
 			// Refused, or loaded where the calls do not go (a client
 			// that routes by key, seen as one node): scripts only.
 			b.noFunctions.Store(true)
-			b.exec(ctx, retry, execEval)
+			b.load(ctx, notRun(retry))
 		}
 	default:
-		b.exec(ctx, retry, execEval)
+		b.load(ctx, retry)
 	}
 	took := time.Since(sent)
-	timedOut = ctx.Err() != nil
 	for _, c := range live {
 		val, err := c.cmd.Result()
 		if b.redirect != nil && isRedirect(err) {
@@ -312,9 +313,38 @@ func (b *batcher) send(batch []*batchCall) (timedOut bool) {
 			rcancel()
 		}
 		c.sent, c.took = sent, took
+		// Past the deadline without its reply: a stall (a timeout, or
+		// the retries of a broken connection cut short). Replies read in
+		// time are none, however late this goroutine ran after them.
+		timedOut = timedOut || (err != nil && ctx.Err() != nil)
 		b.finish(c, val, err)
 	}
 	return timedOut
+}
+
+// load sends calls answered NOSCRIPT again after loading their scripts;
+// those still not run (SCRIPT LOAD refused by an ACL, or the cache
+// flushed again in between) are sent with their source (EVAL).
+func (b *batcher) load(ctx context.Context, calls []*batchCall) {
+	b.exec(ctx, calls, execEval)
+	if rest := notRun(calls); len(rest) > 0 {
+		b.exec(ctx, rest, execEvalSource)
+	}
+}
+
+// notRun keeps the calls that Redis did not run (NOSCRIPT, no such
+// function, functions refused): sent again. A call that ran (its script
+// or library loaded meanwhile by another batch) must not be. It filters
+// calls in place.
+func notRun(calls []*batchCall) []*batchCall {
+	n := 0
+	for _, c := range calls {
+		if err := c.cmd.Err(); isNoScript(err) || isFunctionMissing(err) || isFunctionRefused(err) {
+			calls[n] = c
+			n++
+		}
+	}
+	return calls[:n]
 }
 
 // How exec sends its calls.
@@ -322,26 +352,27 @@ const (
 	execFCall     = iota // FCALL of the library function
 	execLoadFCall        // FUNCTION LOAD REPLACE of the library, then FCALL
 	execEvalSha
-	execEval // SCRIPT LOAD of the calls' scripts, then EVALSHA
+	execEval       // SCRIPT LOAD of the calls' scripts, then EVALSHA
+	execEvalSource // EVAL, the source with every call
 )
 
 // exec sends calls as one pipeline, as mode says. It reports false when
-// the library was to be loaded and the node refused it (the calls then
-// hold that pipeline's replies, not to be used).
+// the library or a script was to be loaded and the node refused it (the
+// calls then hold that pipeline's replies, not to be used).
 func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
 	p := b.pipe()
-	var load *redis.StringCmd
-	if mode == execLoadFCall {
-		load = p.FunctionLoadReplace(ctx, lua.Library)
-	}
-	if mode == execEval {
+	var loads []*redis.StringCmd
+	switch mode {
+	case execLoadFCall:
+		loads = append(loads, p.FunctionLoadReplace(ctx, lua.Library))
+	case execEval:
 		// Each script once, then the calls by digest: a batch of
 		// hundreds of calls must not send the source hundreds of times.
 		var loaded []*luaScript
 		for _, c := range calls {
 			if !slices.Contains(loaded, c.script) {
 				loaded = append(loaded, c.script)
-				p.ScriptLoad(ctx, c.script.src)
+				loads = append(loads, p.ScriptLoad(ctx, c.script.src))
 			}
 		}
 	}
@@ -349,13 +380,15 @@ func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
 		switch mode {
 		case execFCall, execLoadFCall:
 			c.cmd = c.command(ctx, p, argFCall, c.script.fnArg)
+		case execEvalSource:
+			c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
 		default:
 			c.cmd = c.command(ctx, p, argEvalSha, c.script.shaArg)
 		}
 	}
 	// Errors are per command (a failed connection fails them all).
 	_, _ = p.Exec(ctx)
-	if load != nil {
+	for _, load := range loads {
 		if err := load.Err(); err != nil && !isConnError(err) {
 			return false
 		}

@@ -314,3 +314,33 @@ func TestBatchingWithoutFunctions(t *testing.T) {
 		t.Errorf("libraries %v: the refused user loaded one", n)
 	}
 }
+
+// TestBatchingNoScriptWithoutScriptLoad: an ACL user that may run scripts
+// (EVALSHA, EVAL) but not SCRIPT LOAD still gets its decisions after the
+// script cache is flushed: the batch falls back to EVAL.
+func TestBatchingNoScriptWithoutScriptLoad(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{ACLUsers: []string{"user limited on >pw ~* +@all -script"}})
+	opts := srv.ClientOptions()
+	opts.Username, opts.Password = "limited", "pw"
+	client := redis.NewClient(opts)
+	defer client.Close()
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: 2 * time.Second})
+	c := Check{Algorithm: FixedWindow, Tenant: "acl", Policy: "p", Rate: Rate{Limit: 100, Window: time.Hour}, Cost: 1}
+	for range 2 {
+		if err := srv.Client(t).ScriptFlush(bgCtx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				if _, err := s.Decide(bgCtx, []Check{c}, make([]Result, 1)); err != nil {
+					t.Errorf("decide after SCRIPT FLUSH, SCRIPT LOAD refused: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if got := mustPeek(t, s, withCost(c, 0))[0].Remaining; got != 84 {
+		t.Fatalf("remaining %d after 16 decisions, want 84", got)
+	}
+}

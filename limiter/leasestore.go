@@ -754,7 +754,10 @@ func (s *LeaseStore) giveBackAll(ctx context.Context, jobs []giveBackJob) {
 	var results []Result
 	for _, j := range jobs {
 		if ctx.Err() != nil {
+			// Out of time (Close): sent by the recorder, when there is
+			// one.
 			s.count(j.e, LeaseExpired, j.units)
+			s.retryGiveBack(&LeaseRequest{Checks: j.e.checks, GiveBack: j.units, GiveBackAt: j.at, ID: NewChargeID()}, ctx.Err())
 			continue
 		}
 		if cap(results) < len(j.e.checks) {

@@ -75,9 +75,10 @@ func appendOnceKey(dst []byte, prefix, tenant, id string) []byte {
 
 // NotSent reports whether err is a failure of a call that never reached
 // the store (a breaker that refused it, a call shed from this instance's
-// queue), which therefore did not run.
+// queue, or failed there behind a batch Redis left unanswered), which
+// therefore did not run.
 func NotSent(err error) bool {
-	return errors.Is(err, ErrBreakerOpen) || errors.Is(err, ErrQueueTimeout)
+	return errors.Is(err, ErrBreakerOpen) || errors.Is(err, ErrQueueTimeout) || errors.Is(err, errBehindStalled)
 }
 
 // mayHaveRun reports whether a call that failed with err may still have

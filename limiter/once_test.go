@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -244,5 +245,93 @@ func TestLeaseGiveBackRetried(t *testing.T) {
 	}
 	if got := remaining(); got != 1_000_000-served {
 		t.Fatalf("remaining %d after the give-back was retried, want %d (only the %d served)", got, 1_000_000-served, served)
+	}
+}
+
+// TestRecorderRetrySameChecks: a recovery call retried after some of its
+// units stopped counting is sent with the same checks (those with cost 0),
+// so its id keeps its slot and its record: Redis answers the retry from
+// the record and charges nothing twice, whether the check that stopped
+// counting came first (the id's key is in its tenant's slot) or last (the
+// record holds a result for it).
+func TestRecorderRetrySameChecks(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := NewRedisStore(RedisOptions{Client: srv.Client(t), Timeout: testTimeout})
+	clk := newManualClock(baseTime.Add(time.Second))
+	s.now = func() int64 { return clk.Now().UnixMicro() }
+	second := Rate{Limit: 10, Window: time.Second} // its units stop counting within 2s
+	day := Rate{Limit: 1000, Window: 24 * time.Hour}
+	for _, c := range []struct {
+		name         string
+		short, daily Check // recorded in the order the recorder sorts them
+	}{
+		{"first, two tenants",
+			Check{Algorithm: TokenBucket, Tenant: "retry-a", Policy: "second"},
+			Check{Algorithm: FixedWindow, Tenant: "retry-b", Policy: "day"}},
+		{"last, one tenant",
+			Check{Algorithm: TokenBucket, Tenant: "retry-t", Policy: "second"},
+			Check{Algorithm: FixedWindow, Tenant: "retry-t", Policy: "day"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := NewRecorder(RecorderOptions{Clock: clk})
+			rec.Record(&c.short, second, 5)
+			rec.Record(&c.daily, day, 100)
+			// The first attempt runs, and its reply is lost.
+			lost := chargeFunc(func(id string, cs []Check, charged []int64) error {
+				if err := s.Charge(bgCtx, id, cs, charged); err != nil {
+					t.Fatal(err)
+				}
+				return fmt.Errorf("limiter: redis force: %w", context.DeadlineExceeded)
+			})
+			if _, err := rec.Flush(bgCtx, lost); err == nil {
+				t.Fatal("the lost reply was not reported")
+			}
+			clk.Advance(5 * time.Second)
+			if _, err := rec.Flush(bgCtx, s); err != nil || rec.Pending() != 0 {
+				t.Fatalf("retry: %v, Pending %d", err, rec.Pending())
+			}
+			d := c.daily
+			d.Rate = day
+			if got := mustPeek(t, s, d)[0].Remaining; got != 900 {
+				t.Fatalf("day bucket: %d left, want 900 (its 100 units charged once)", got)
+			}
+		})
+	}
+}
+
+// TestLeaseCloseGivesBackLater: leases that Close cannot give back before
+// its deadline (Redis paused) are handed to the recorder, which gives them
+// back once Redis answers: none is lost.
+func TestLeaseCloseGivesBackLater(t *testing.T) {
+	checkLeaks(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	defer client.Close()
+	rs := NewRedisStore(RedisOptions{Client: client, Timeout: faultTimeout})
+	rec := NewRecorder(RecorderOptions{})
+	ls := NewLeaseStore(LeaseOptions{Store: rs, Taker: rs, Recorder: rec, SweepInterval: -1, GiveBackTimeout: 50 * time.Millisecond})
+	var checks []Check
+	for _, tenant := range []string{"close-a", "close-b", "close-c"} {
+		c := Check{Algorithm: TokenBucket, Tenant: tenant, Policy: "p", Rate: onceRate, Cost: 1, Lease: Lease{Max: 10, TTL: time.Hour}}
+		checks = append(checks, c)
+		for range 12 { // the second refill leases 10 ahead
+			mustDecide(t, ls, c)
+		}
+	}
+	srv.Pause()
+	_ = ls.Close()
+	srv.Resume()
+	if rec.Pending() != len(checks) {
+		t.Fatalf("recorder holds %d give-backs, want %d", rec.Pending(), len(checks))
+	}
+	for range 2 {
+		if _, err := rec.Flush(bgCtx, rs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range checks {
+		if got := mustPeek(t, rs, withCost(c, 0))[0].Remaining; got != 1_000_000-12 {
+			t.Errorf("%s: remaining %d, want %d (only the 12 served)", c.Tenant, got, 1_000_000-12)
+		}
 	}
 }

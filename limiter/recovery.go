@@ -432,12 +432,20 @@ func (r *Recorder) Flush(ctx context.Context, store Charger) (FlushStats, error)
 		return st, nil
 	}
 	defer r.flushing.Store(false)
-	r.callsOf(&st)
+	// Calls kept from earlier flushes first; recorded units become calls
+	// only then, so that units recorded meanwhile (or taken back) stay
+	// units while the store is failing.
+	made := false
 	for {
 		r.mu.Lock()
 		if len(r.calls) == 0 {
 			r.mu.Unlock()
-			return st, nil
+			if made {
+				return st, nil
+			}
+			r.callsOf(&st)
+			made = true
+			continue
 		}
 		c := r.calls[0]
 		r.mu.Unlock()
@@ -541,18 +549,23 @@ func (r *Recorder) send(ctx context.Context, store Charger, c *pendingCall, st *
 	refused := len(c.checks) - len(valid)
 	clear(c.checks[len(valid):])
 	c.checks = valid
+	// Every attempt sends the same checks in the same order, a check whose
+	// units no longer count with cost 0: the id's key is in the slot of
+	// the first check of each slot, and a call that ran is answered with
+	// one result per check it had.
+	owed := false
 	for _, ch := range c.checks {
 		if ch.Cost > 0 {
 			ch.Cost = stillOwed(ch.Algorithm, ch.Rate, ch.Cost, age)
 			ch.Rate = debtRate(ch.Algorithm, ch.Rate)
 		}
-		if ch.Cost != 0 {
-			checks = append(checks, ch)
-		}
+		owed = owed || ch.Cost != 0
+		checks = append(checks, ch)
 	}
 	st.Refused += int64(refused)
 	r.refused.Add(int64(refused))
-	if len(checks) == 0 {
+	if !owed {
+		// Nothing counts any more, whether or not an attempt ran.
 		if refused == 0 {
 			st.Expired++
 		}

@@ -692,7 +692,11 @@ func (s *RedisStore) batcherFor(ctx context.Context, keys []string) *batcher {
 	if len(keys) == 0 {
 		return nil
 	}
-	node, err := s.cluster.MasterForKey(ctx, keys[0])
+	// The slot map is in memory once loaded; loading it (the first call,
+	// a reload after a failover) is I/O, bounded by the timeout too.
+	lctx, cancel := context.WithTimeout(ctx, s.timeout)
+	node, err := s.cluster.MasterForKey(lctx, keys[0])
+	cancel()
 	if err != nil {
 		return nil // the direct call reports the error
 	}
@@ -866,19 +870,16 @@ func (s *RedisStore) isBucketOf(key, tag, policy string) bool {
 }
 
 // Ping asks Redis whether it answers: one PING (one per master of a
-// cluster), each bounded by the store's Timeout. A breaker's background
-// probe (BreakerOptions.Probe).
+// cluster, after the slot map is loaded or reloaded), all within the
+// store's Timeout. A breaker's background probe (BreakerOptions.Probe).
 func (s *RedisStore) Ping(ctx context.Context) error {
-	ping := func(ctx context.Context, c redis.UniversalClient) error {
-		ctx, cancel := context.WithTimeout(ctx, s.timeout)
-		defer cancel()
-		return c.Ping(ctx).Err()
-	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	var err error
 	if s.cluster != nil {
-		err = s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return ping(ctx, c) })
+		err = s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
 	} else {
-		err = ping(ctx, s.client)
+		err = s.client.Ping(ctx).Err()
 	}
 	if err != nil {
 		return fmt.Errorf("limiter: redis ping: %w", err)

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -741,5 +742,54 @@ func TestRedisKeyPrefix(t *testing.T) {
 	}
 	if err := a.Close(); err != nil || client.Ping(bgCtx).Err() != nil {
 		t.Fatal("Close closed the client")
+	}
+}
+
+// TestRedisClusterUnansweredBounded: a cluster whose nodes accept
+// connections and never answer: a decision and a probe each end within
+// about the store's timeout (loading the slot map is bounded by it too),
+// however go-redis retries.
+func TestRedisClusterUnansweredBounded(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	const timeout = 50 * time.Millisecond
+	o := &redis.UniversalOptions{Addrs: []string{l.Addr().String()}, IsClusterMode: true, ContextTimeoutEnabled: true,
+		DialTimeout: 250 * time.Millisecond, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second, PoolTimeout: time.Second}
+	client := redis.NewUniversalClient(o)
+	defer client.Close()
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: timeout})
+	c := Check{Algorithm: FixedWindow, Tenant: "t", Policy: "p", Rate: Rate{Limit: 1, Window: time.Second}, Cost: 1}
+	for name, call := range map[string]func() error{
+		"decide": func() error { _, err := s.Decide(bgCtx, []Check{c}, make([]Result, 1)); return err },
+		"ping":   func() error { return s.Ping(bgCtx) },
+	} {
+		start := time.Now()
+		err := call()
+		if took := time.Since(start); err == nil || took > 4*timeout+maxOverrun {
+			t.Errorf("%s on a cluster that never answers: %v after %v, want an error within about %v", name, err, took, timeout)
+		}
 	}
 }

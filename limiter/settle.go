@@ -118,9 +118,12 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 	}
 	if fb.Recorder != nil {
 		if NotSent(err) {
+			// Never ran: what it charges is units used; what it gives
+			// back has no recorded units to come off, so it stays a call.
 			d.recordDebt(fb)
+			d.retrySettle(fb.Recorder, id, false)
 		} else {
-			d.retrySettle(fb.Recorder, id)
+			d.retrySettle(fb.Recorder, id, true)
 		}
 	}
 	local := append(d.settleChecks[:0], d.checks...)
@@ -139,24 +142,26 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 var errSettleAfterRelease = errors.New("limiter: Settle called after Release")
 
 // recordDebt records the deltas a settlement has left to make with the
-// items' unscaled rates, for the primary store (Recorder.Record).
+// items' unscaled rates, for the primary store (Recorder.Record): more
+// units, and units given back to token buckets and GCRA buckets (window
+// algorithms keep the up-front units, see Settle).
 func (d *Decision) recordDebt(fb Fallback) {
 	if fb.Recorder == nil {
 		return
 	}
 	for j, i := range d.counted {
-		if delta := d.settleDeltas[j]; delta != 0 && delta != noDelta {
+		if delta := d.settleDeltas[j]; delta > 0 || (delta < 0 && delta != noDelta && givesBack(d.checks[j].Algorithm)) {
 			fb.Recorder.Record(&d.checks[j], d.Verdicts[i].Limit.Rate, delta)
 		}
 	}
 }
 
 // retrySettle hands the deltas a settlement has left to make, under its
-// id, to rec (Recorder.Retry).
-func (d *Decision) retrySettle(rec *Recorder, id string) {
+// id, to rec (Recorder.Retry); with charges false, only what it gives back.
+func (d *Decision) retrySettle(rec *Recorder, id string, charges bool) {
 	checks := make([]Check, 0, len(d.checks))
 	for j, i := range d.counted {
-		if delta := d.settleDeltas[j]; delta != 0 && delta != noDelta && (delta > 0 || givesBack(d.checks[j].Algorithm)) {
+		if delta := d.settleDeltas[j]; delta != 0 && delta != noDelta && ((delta > 0 && charges) || (delta < 0 && givesBack(d.checks[j].Algorithm))) {
 			c := d.checks[j]
 			c.Rate, c.Cost, c.Shadow = d.Verdicts[i].Limit.Rate, delta, false
 			checks = append(checks, c)

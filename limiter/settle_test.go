@@ -482,3 +482,40 @@ func TestSettleRetriesWithItsID(t *testing.T) {
 		})
 	}
 }
+
+// TestSettleFallbackKeepsWindowUnits: a lower real cost of a request the
+// fallback decided is taken off what recovery charges only where it is
+// given back (token bucket, GCRA): a window keeps its up-front units, on
+// the fallback store and in what Redis is charged.
+func TestSettleFallbackKeepsWindowUnits(t *testing.T) {
+	for _, c := range []struct {
+		algo Algorithm
+		want int64
+	}{{FixedWindow, 10}, {TokenBucket, 2}} {
+		t.Run(c.algo.String(), func(t *testing.T) {
+			fbStore, _ := newTestStore(t, MemoryOptions{})
+			rec := NewRecorder(RecorderOptions{})
+			fb := Fallback{Store: fbStore, Scale: 1, Recorder: rec}
+			p := meteredPolicy("tokens", c.algo)
+			var d Decision
+			if err := d.DecideOrFallback(bgCtx, brokenStore{}, fb, []Item{{Policy: p, Tenant: "t", Cost: 10}}); !errors.Is(err, errUnreachable) || !d.Admitted {
+				t.Fatal(d.Admitted, err)
+			}
+			if err := d.Settle(bgCtx, fb, []int64{2}); err != nil {
+				t.Fatal(err)
+			}
+			var charged int64
+			if _, err := rec.Flush(bgCtx, chargeFunc(func(_ string, checks []Check, _ []int64) error {
+				for _, ch := range checks {
+					charged += ch.Cost
+				}
+				return nil
+			})); err != nil {
+				t.Fatal(err)
+			}
+			if charged != c.want {
+				t.Fatalf("recovery charged %d, want %d", charged, c.want)
+			}
+		})
+	}
+}
