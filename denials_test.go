@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 	"github.com/tollgate/caddy-tollgate/limiter"
@@ -184,8 +185,8 @@ func TestDenialStreamEntries(t *testing.T) {
 	if len(streams) != 1 {
 		t.Fatalf("%d streams, want 1", len(streams))
 	}
-	if got := streams[0].MaxLen(); got != defaultDenialsStream {
-		t.Errorf("maxlen %d, want %d (the largest asked for)", got, defaultDenialsStream)
+	if got := streams[0].MaxLen(); got != config.DefaultDenialsStream {
+		t.Errorf("maxlen %d, want %d (the largest asked for)", got, config.DefaultDenialsStream)
 	}
 	if got := denialWriters(t); got != 1 {
 		t.Errorf("%d writers running, want 1", got)
@@ -372,7 +373,7 @@ func BenchmarkRecordDenial(b *testing.B) {
 	s := backend.Denials()
 	s.Acquire(1000)
 	defer s.Release(1000)
-	h := &Handler{denials: s, Tenant: "{http.request.header.X-Tenant}"}
+	h := &Handler{denials: s, Handler: config.Handler{Tenant: "{http.request.header.X-Tenant}"}}
 	p := &policyRuntime{name: "api", policy: &limiter.Policy{Name: "api"}}
 	it := &limiter.Item{Tenant: "acme", Policy: p.policy}
 	v := &limiter.Verdict{}

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -30,21 +31,6 @@ import (
 // The state files are caddy-ratelimit's own: gob-encoded, one per
 // instance at rate_limit/instances/<instance-id>.rlstate, so instances of
 // both modules on one storage see each other while a fleet is migrated.
-
-// DistributedConfig is caddy-ratelimit's `distributed` block: share zone
-// usage through Caddy's storage (or the handler's `storage`). Ignored, with
-// a warning, when the handler has a `redis` block.
-type DistributedConfig struct {
-	// How often to write this instance's usage to storage. Default 5s.
-	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
-
-	// How often to read the other instances' usage. Default 5s.
-	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
-
-	// Delete another instance's state once it is this old (an instance
-	// that stopped). Default: never.
-	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
-}
 
 // defaultSyncInterval is caddy-ratelimit's default read and write interval.
 const defaultSyncInterval = 5 * time.Second
@@ -94,7 +80,7 @@ type peerSync struct {
 	logger  *zap.Logger
 
 	mu       sync.Mutex
-	attached map[*Handler]DistributedConfig
+	attached map[*Handler]config.DistributedConfig
 	settings syncSettings
 	changed  chan struct{}
 
@@ -199,7 +185,7 @@ func newPeerSync(stor stateStorage, logger *zap.Logger) (*peerSync, error) {
 		storage:  stor,
 		file:     path.Join(stateDir, id.String()+".rlstate"),
 		logger:   logger,
-		attached: map[*Handler]DistributedConfig{},
+		attached: map[*Handler]config.DistributedConfig{},
 		changed:  make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -223,7 +209,7 @@ func (ps *peerSync) start() {
 
 // attach adds h's settings; the exchange runs at the shortest intervals
 // of the handlers attached.
-func (ps *peerSync) attach(h *Handler, c DistributedConfig) {
+func (ps *peerSync) attach(h *Handler, c config.DistributedConfig) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	ps.attached[h] = c

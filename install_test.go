@@ -54,8 +54,8 @@ func TestDocsNameRealFiles(t *testing.T) {
 				continue
 			}
 			found := false
-			for _, dir := range []string{"limiter", "fleet", "lua", "internal/topk", "internal/redistest", "internal/usage", "scripts", "bench", "dashboards", "cmd/caddy"} {
-				if _, err := os.Stat(dir + "/" + name); err == nil {
+			for _, dir := range sourceDirs(t) {
+				if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
 					found = true
 					break
 				}
@@ -65,6 +65,27 @@ func TestDocsNameRealFiles(t *testing.T) {
 			}
 		}
 	}
+}
+
+// sourceDirs lists the repository's directories (not testdata, not
+// hidden ones), where a file named without its directory may live.
+func sourceDirs(t *testing.T) []string {
+	t.Helper()
+	var dirs []string
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		if path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		dirs = append(dirs, path)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dirs
 }
 
 // TestDocLinks: every relative link of the README, the docs and

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/internal/usage"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
@@ -26,118 +27,20 @@ import (
 // chain has returned, the difference is settled on the same buckets
 // (limiter.Decision.Settle), into debt if need be.
 
-// CostAfterConfig says where a metered policy reads a request's real cost
-// from its response. Exactly one of header and json is set.
-type CostAfterConfig struct {
-	// The response header, or trailer, that carries the real cost: a
-	// non-negative integer, e.g. `X-Tokens-Used`. A trailer wins over a
-	// header of the same name.
-	Header string `json:"header,omitempty"`
-
-	// The JSON numbers of the response body whose sum is the real cost:
-	// dot-separated paths of object keys from the top-level object,
-	// joined with `+`, e.g. `usage.total_tokens` or
-	// `usage.prompt_tokens+usage.completion_tokens`. Read from an
-	// application/json (or +json) body, or from each `data:` event of a
-	// text/event-stream body, the last value seen for each path counting.
-	// Fractions are rounded up. A compressed body, or one of another type,
-	// is not read.
-	JSON string `json:"json,omitempty"`
-}
-
-// costAfterForms is what the error messages offer.
-const costAfterForms = "cost_after header <Name> | cost_after json <path>[+<path>...]"
-
-// checkCostAfter checks the cost_after of a policy at path, whose
-// algorithm is alg and up-front cost c, and compiles it.
-func checkCostAfter(path []string, ca *CostAfterConfig, alg limiter.Algorithm, c Cost) (*meter, error) {
-	if ca == nil {
-		return nil, nil
-	}
-	switch {
-	case ca.Header == "" && ca.JSON == "":
-		return nil, at(path, "set header or json (%s)", costAfterForms)
-	case ca.Header != "" && ca.JSON != "":
-		return nil, at(path, "header and json exclude each other (%s)", costAfterForms)
-	case alg == limiter.Concurrency:
-		return nil, at(path, "not with algorithm concurrency, which counts requests in flight, not units (allowed: %s)", meteredAlgorithms)
-	}
-	if n, ok := c.constant(); ok && n == 0 {
-		return nil, at(sub(path[:len(path)-1], "cost"), "0 with cost_after: a request must be charged at least 1 unit up front, or a tenant in debt is never refused")
-	}
-	if ca.Header != "" {
-		if !validHeaderName(ca.Header) {
-			return nil, at(sub(path, "header"), "%q: not a header name (letters, digits and !#$%%&'*+-.^_`|~)", ca.Header)
-		}
-		return &meter{header: http.CanonicalHeaderKey(ca.Header)}, nil
-	}
-	paths, err := usage.ParsePaths(ca.JSON)
-	if err != nil {
-		return nil, at(sub(path, "json"), "%q: %v", ca.JSON, err)
-	}
-	return &meter{paths: &paths}, nil
-}
-
-// meteredAlgorithms lists the algorithms cost_after works with.
-const meteredAlgorithms = "token_bucket, gcra, sliding_window, fixed_window, sliding_log"
-
-// validHeaderName reports whether s is an HTTP field name (RFC 9110 token).
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// meter is a compiled cost_after: header is the canonical header name, or
-// paths the JSON paths.
-type meter struct {
-	header string
-	paths  *usage.Paths
-}
-
 // sameMeter returns the meter of one of policies that reads what m reads,
 // else m: policies that read the same cost share one meter, so a response
 // is read once for all of them (e.g. tokens per minute and per day).
-func sameMeter(policies []*policyRuntime, m *meter) *meter {
+func sameMeter(policies []*policyRuntime, m *config.Meter) *config.Meter {
 	if m == nil {
 		return nil
 	}
 	for _, p := range policies {
-		if o := p.meter; o != nil && o.header == m.header && (o.paths == nil) == (m.paths == nil) &&
-			(o.paths == nil || o.paths.String() == m.paths.String()) {
+		if o := p.meter; o != nil && o.Header == m.Header && (o.Paths == nil) == (m.Paths == nil) &&
+			(o.Paths == nil || o.Paths.String() == m.Paths.String()) {
 			return o
 		}
 	}
 	return m
-}
-
-// parseCostAfter reads `cost_after header <Name>` or `cost_after json
-// <path>[+<path>...]`.
-func (p cfParser) costAfter() (*CostAfterConfig, error) {
-	args, err := p.args(2, -1)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case args[0] == "header" && len(args) == 2:
-		return &CostAfterConfig{Header: args[1]}, nil
-	case args[0] == "json":
-		// "usage.a + usage.b" arrives as three arguments.
-		return &CostAfterConfig{JSON: strings.Join(args[1:], " ")}, nil
-	case args[0] == "header":
-		return nil, p.dirErr("wrong number of arguments (%d); usage: %s", len(args), costAfterForms)
-	}
-	return nil, p.dirErr("%q: unknown source (allowed: header, json); usage: %s", args[0], costAfterForms)
 }
 
 // Why a metered request was charged only its up-front cost.
@@ -158,7 +61,7 @@ type meteredWriter struct {
 	http.ResponseWriter
 	// meters are the request's metered policies (nil for the others),
 	// by verdict.
-	meters []*meter
+	meters []*config.Meter
 	// ex has an extractor per distinct JSON meter (policies reading the
 	// same paths share one), exOf the index in ex of each verdict's; scan
 	// is set once the header says the body can be read (else skip says
@@ -177,7 +80,7 @@ type meteredWriter struct {
 }
 
 // reset prepares w for a response to rw with meters.
-func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*meter) {
+func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*config.Meter) {
 	w.ResponseWriter = rw
 	w.meters = meters
 	w.wroteHeader, w.scan, w.skip, w.bodiless = false, false, "", false
@@ -189,7 +92,7 @@ func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*meter) {
 	n := 0
 	for i, m := range meters {
 		k := -1
-		if m != nil && m.paths != nil {
+		if m != nil && m.Paths != nil {
 			for j := range i {
 				if meters[j] == m {
 					k = w.exOf[j]
@@ -234,8 +137,8 @@ func (w *meteredWriter) WriteHeader(status int) {
 func (w *meteredWriter) inspect() {
 	hdr := w.ResponseWriter.Header()
 	for i, m := range w.meters {
-		if m != nil && m.header != "" {
-			w.headers[i] = hdr.Get(m.header)
+		if m != nil && m.Header != "" {
+			w.headers[i] = hdr.Get(m.Header)
 		}
 	}
 	if len(w.ex) == 0 {
@@ -252,7 +155,7 @@ func (w *meteredWriter) inspect() {
 	}
 	for i, k := range w.exOf {
 		if k >= 0 {
-			w.ex[k].Reset(w.meters[i].paths, format) // a shared one again: harmless
+			w.ex[k].Reset(w.meters[i].Paths, format) // a shared one again: harmless
 		}
 	}
 	w.scan = true
@@ -332,14 +235,14 @@ func (w *meteredWriter) cost(i int) (int64, string) {
 	if !w.wroteHeader {
 		return limiter.NotMetered, missingNoResponse
 	}
-	if w.bodiless && m.header == "" {
+	if w.bodiless && m.Header == "" {
 		return limiter.NotMetered, missingBodiless
 	}
-	if m.header != "" {
+	if m.Header != "" {
 		hdr := w.ResponseWriter.Header()
-		v := hdr.Get(http.TrailerPrefix + m.header)
+		v := hdr.Get(http.TrailerPrefix + m.Header)
 		if v == "" {
-			v = hdr.Get(m.header) // an announced trailer, or the header
+			v = hdr.Get(m.Header) // an announced trailer, or the header
 		}
 		if v == "" {
 			v = w.headers[i]

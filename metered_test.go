@@ -3,6 +3,7 @@ package tollgate
 import (
 	"testing"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/internal/usage"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
@@ -57,15 +58,15 @@ func TestBodyFormat(t *testing.T) {
 // TestMetersShared: policies that read the same cost share one meter, and
 // a response is then read by one extractor for all of them.
 func TestMetersShared(t *testing.T) {
-	compile := func(ca *CostAfterConfig) *meter {
-		m, err := checkCostAfter([]string{"rate_limits", "p", "cost_after"}, ca, limiter.TokenBucket, "")
+	compile := func(ca *config.CostAfterConfig) *config.Meter {
+		m, err := (&config.PolicyConfig{CostAfter: ca}).Meter("p", limiter.TokenBucket)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return m
 	}
 	var policies []*policyRuntime
-	for _, ca := range []*CostAfterConfig{
+	for _, ca := range []*config.CostAfterConfig{
 		{JSON: "usage.total_tokens"},
 		{JSON: "usage.total_tokens"},
 		{JSON: "usage.input_tokens+usage.output_tokens"},
@@ -78,7 +79,7 @@ func TestMetersShared(t *testing.T) {
 		t.Fatalf("meters not shared as they should be: %p %p %p %p %p", policies[0].meter, policies[1].meter, policies[2].meter, policies[3].meter, policies[4].meter)
 	}
 	var w meteredWriter
-	w.reset(nil, []*meter{policies[0].meter, nil, policies[1].meter, policies[2].meter, policies[3].meter})
+	w.reset(nil, []*config.Meter{policies[0].meter, nil, policies[1].meter, policies[2].meter, policies[3].meter})
 	if len(w.ex) != 2 || w.exOf[0] != w.exOf[2] || w.exOf[3] == w.exOf[0] || w.exOf[1] != -1 || w.exOf[4] != -1 {
 		t.Errorf("%d extractors, exOf %v: want 2, the first shared by verdicts 0 and 2", len(w.ex), w.exOf)
 	}

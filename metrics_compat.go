@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -52,7 +53,7 @@ type compatMetrics struct {
 
 // initCompat resolves the policy's children and counts its configuration,
 // as caddy-ratelimit does at every provisioning.
-func (p *policyRuntime) initCompat(pc *PolicyConfig) {
+func (p *policyRuntime) initCompat(pc *config.PolicyConfig) {
 	p.compat.declined = compatCollectors.declined.WithLabelValues(p.label)
 	p.compat.processTime = compatCollectors.processTime.WithLabelValues(p.label)
 	compatCollectors.config.WithLabelValues(p.label,

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
@@ -675,7 +676,7 @@ func TestRegisterMetricsTwice(t *testing.T) {
 	// gather cleanly from its pedantic registry.
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	h := &Handler{RateLimits: map[string]*PolicyConfig{"reg_twice": {MaxEvents: 1, Window: caddy.Duration(time.Hour)}}}
+	h := &Handler{Handler: config.Handler{RateLimits: map[string]*config.PolicyConfig{"reg_twice": {MaxEvents: 1, Window: caddy.Duration(time.Hour)}}}}
 	if err := h.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package tollgate
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,10 +10,12 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
@@ -44,86 +45,7 @@ func init() {
 //
 // Each denial also emits the event rate_limit_exceeded.
 type Handler struct {
-	// Shared Redis store. Absent: the embedded in-process store.
-	Redis *RedisConfig `json:"redis,omitempty"`
-
-	// Tenant identity, a placeholder template such as
-	// `{http.auth.user.id}`. Absent: each policy's key is the tenant.
-	// Take it from an authenticated source, never from a header any client
-	// can set.
-	Tenant string `json:"tenant,omitempty"`
-
-	// Tier of the tenant, a placeholder template such as
-	// `{http.request.header.X-Plan}` set by an auth layer.
-	Tier string `json:"tier,omitempty"`
-
-	// Static tenant -> tier mapping; wins over the tier placeholder.
-	TenantTiers map[string]string `json:"tenant_tiers,omitempty"`
-
-	// When tenant resolves to an empty string: "shared" (default) counts
-	// the request in one bucket per policy, the anonymous tenant's (no
-	// tenant value can share it), "deny" answers 429.
-	MissingTenant string `json:"missing_tenant,omitempty"`
-
-	// Default lease for every policy. Applies to the Redis store only.
-	Lease *LeaseConfig `json:"lease,omitempty"`
-
-	// Make every policy a shadow policy: would-deny decisions are logged,
-	// never enforced.
-	Shadow bool `json:"shadow,omitempty"`
-
-	// Store unreachable: "open" allows, "closed" denies, "local" (default)
-	// decides from an in-process fallback bucket. Redis store only.
-	FailMode string `json:"fail_mode,omitempty"`
-
-	// Rate-limit response headers: "both" (default), "ietf", "legacy" or
-	// "off".
-	Headers string `json:"headers,omitempty"`
-
-	// Random extra on Retry-After, as a fraction of it: 0.2 adds up to 20%.
-	Jitter float64 `json:"jitter,omitempty"`
-
-	// Append each denial to the Redis stream <prefix>:denials, capped at
-	// this many entries (approximately). 0 disables it.
-	DenialsStream int `json:"denials_stream,omitempty"`
-
-	// Per-tenant metric series for the n busiest tenants; the rest are
-	// counted as "_other". 0 disables per-tenant series.
-	MetricsTenants int `json:"metrics_tenants,omitempty"`
-
-	// An admitted request after which less than (1 - near_limit) of the
-	// limit is left counts as near the limit: in
-	// caddy_rate_limit_near_limit_total and the admin API's near_limit
-	// list. A fraction above 0 and at most 1 (1: never near). Default 0.8.
-	NearLimit float64 `json:"near_limit,omitempty"`
-
-	// Include the resolved tenant and key in log lines.
-	LogKey bool `json:"log_key,omitempty"`
-
-	// The policies, by name.
-	RateLimits map[string]*PolicyConfig `json:"rate_limits,omitempty"`
-
-	// How often the embedded store deletes expired buckets. Default 1m.
-	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
-
-	// The most memory, in bytes, the embedded store's buckets may take
-	// (estimated Go heap: key, entry and sliding-log buffer). When full,
-	// expired buckets are evicted first, then the least recently used.
-	// Default 256 MiB; allowed 1 MiB to 1 TiB. Handlers with the same
-	// sweep_interval and max_memory share one store. Ignored with a redis
-	// block.
-	MaxMemory int64 `json:"max_memory,omitempty"`
-
-	// Do not record this handler's metrics.
-	DisableMetrics bool `json:"disable_metrics,omitempty"`
-
-	// caddy-ratelimit's approximate distributed mode: share zone usage
-	// with the other instances through storage (see DistributedConfig).
-	// Ignored with a warning when `redis` is set: Redis is exact.
-	Distributed *DistributedConfig `json:"distributed,omitempty"`
-
-	// The storage module distributed uses. Default: Caddy's storage.
-	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+	config.Handler
 
 	ctx    caddy.Context
 	logger *zap.Logger
@@ -148,7 +70,7 @@ type Handler struct {
 	// zones: some policy is charged as a caddy-ratelimit zone (no
 	// all_or_nothing), see chargeZones.
 	zones      bool
-	headerMode headerMode
+	headerMode config.HeaderMode
 	// tenant and tier are the Tenant and Tier templates, compiled.
 	tenant, tier template
 	// metrics is nil when metrics are disabled.
@@ -190,7 +112,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	case h.Distributed == nil && len(h.StorageRaw) > 0:
 		h.logger.Warn("'storage' is used only by 'distributed': it is ignored")
 	}
-	policies, err := h.validateConfig()
+	policies, err := h.Validate()
 	if err != nil {
 		return err
 	}
@@ -201,10 +123,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.provisionMetrics(ctx); err != nil {
 		return err
 	}
-	h.warnConfig()
+	h.Warn(h.logger, policies)
 	h.warnSharedPolicies(ctx)
 
-	mode, err := parseHeaderMode(h.Headers)
+	mode, err := config.ParseHeaderMode(h.Headers)
 	if err != nil {
 		return err
 	}
@@ -244,7 +166,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // provisionRedis attaches the handler to the shared backend of its Redis
 // settings and builds its store stack on it.
 func (h *Handler) provisionRedis() error {
-	backend, err := fleet.Acquire(h.Redis.backendOptions(h.logger))
+	backend, err := fleet.Acquire(h.Redis.BackendOptions(h.logger))
 	if err != nil {
 		return fmt.Errorf("redis: %v", err)
 	}
@@ -281,7 +203,7 @@ func (h *Handler) provisionRedis() error {
 // map a request onto them: matchers, key template, cost.
 func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Policy) error {
 	h.policies = make([]*policyRuntime, 0, len(policies))
-	names := sortedKeys(h.RateLimits) // the order of policies
+	names := h.PolicyNames() // the order of policies
 	var err error
 	for i, policy := range policies {
 		name := names[i]
@@ -294,13 +216,13 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 			ipv6Prefix:   pc.IPv6Prefix,
 			allOrNothing: pc.AllOrNothing,
 		}
-		rt.near = h.nearFraction(pc)
+		rt.near = h.NearFraction(pc)
 		// Validated with the policy: only compiled here.
-		if rt.meter, err = checkCostAfter(sub([]string{"rate_limits", name}, "cost_after"), pc.CostAfter, policy.Algorithm, pc.Cost); err != nil {
+		if rt.meter, err = pc.Meter(name, policy.Algorithm); err != nil {
 			return err
 		}
 		rt.meter = sameMeter(h.policies, rt.meter)
-		if n, ok := pc.Cost.constant(); ok {
+		if n, ok := pc.Cost.Constant(); ok {
 			rt.cost = n
 		} else {
 			rt.cost, rt.costTemplate = -1, compileTemplate(string(pc.Cost))
@@ -378,7 +300,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var tenant string
 	if h.Tenant != "" {
 		tenant = h.tenant.expand(repl, r)
-		if tenant == "" && h.MissingTenant == missingTenantDeny {
+		if tenant == "" && h.MissingTenant == config.MissingTenantDeny {
 			return h.denyMissingTenant(w, repl)
 		}
 	}
@@ -461,4 +383,19 @@ func (h *Handler) release(r *http.Request, d *limiter.Decision) {
 	if err := d.Release(context.WithoutCancel(r.Context())); err != nil {
 		h.logger.Error("releasing concurrency slots", zap.Error(err))
 	}
+}
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
+	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.After, "forward_auth")
+}
+
+// parseCaddyfile builds a Handler from a `rate_limit` directive. Caddy has
+// already taken the optional request matcher off the line.
+func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	h := new(Handler)
+	if err := h.UnmarshalCaddyfile(helper.Dispenser); err != nil {
+		return nil, err
+	}
+	return h, nil
 }

@@ -13,15 +13,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
-
-// defaultKey is the key the Caddyfile writes for a `policy` block that
-// sets none when the handler sets no tenant: one bucket per client IP. It
-// is the runtime name of the Caddyfile shorthand {client_ip}, which only
-// the Caddyfile adapter expands. (A JSON policy without key, like a
-// caddy-ratelimit zone, is one bucket shared by every request.)
-const defaultKey = "{http.vars.client_ip}"
 
 // policyRuntime is a provisioned policy: the engine's Policy plus what the
 // Caddy layer needs to map a request onto it.
@@ -60,7 +54,7 @@ type policyRuntime struct {
 	near float64
 	// meter reads the real cost from the response (cost_after); nil when
 	// the policy is not metered.
-	meter  *meter
+	meter  *config.Meter
 	compat compatMetrics
 }
 
@@ -82,7 +76,7 @@ type requestState struct {
 	// meters has the cost_after of each item's policy (nil when not
 	// metered); metered is set when any is. real and the writer are the
 	// settlement's scratch (see serveMetered).
-	meters  []*meter
+	meters  []*config.Meter
 	metered bool
 	real    []int64
 	writer  meteredWriter

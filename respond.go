@@ -16,46 +16,19 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-// headerMode selects which rate-limit response headers are written.
-type headerMode uint8
-
-const (
-	headersBoth headerMode = iota
-	headersIETF
-	headersLegacy
-	headersOff
-)
-
-func parseHeaderMode(s string) (headerMode, error) {
-	switch s {
-	case "", "both":
-		return headersBoth, nil
-	case "ietf":
-		return headersIETF, nil
-	case "legacy":
-		return headersLegacy, nil
-	case "off":
-		return headersOff, nil
-	}
-	return 0, fmt.Errorf("headers: unknown value %q (allowed: both, ietf, legacy, off)", s)
-}
-
-const (
-	missingTenantDeny = "deny"
-
-	// maxLoggedValue bounds tenant and key values in log lines and event
-	// data, so a hostile header cannot blow up the logs.
-	maxLoggedValue = 128
-)
+// maxLoggedValue bounds tenant and key values in log lines and event
+// data, so a hostile header cannot blow up the logs.
+const maxLoggedValue = 128
 
 // precomputeHeaders renders the header values of the policy's own limit
 // once; tiers and overrides are rendered per request.
 func (p *policyRuntime) precomputeHeaders() {
-	p.label, p.header = metricLabel(p.name), headerName(p.name)
+	p.label, p.header = config.MetricLabel(p.name), config.HeaderName(p.name)
 	p.ownPolicyHeader = policyHeader(p.header, p.policy.Algorithm, p.policy.Limit.Rate)
 	p.ownLimitHeader = strconv.FormatInt(p.policy.Limit.Limit, 10)
 	p.nameValue = p.name
@@ -174,7 +147,7 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 		repl.Set("http.rate_limit.remaining", unknownValue)
 		repl.Set("http.rate_limit.retry_after", zeroValue)
 	}
-	if shown >= 0 && h.headerMode != headersOff {
+	if shown >= 0 && h.headerMode != config.HeadersOff {
 		h.writeHeaders(w.Header(), st.policies[shown], &d.Verdicts[shown])
 	}
 	return shown
@@ -200,8 +173,8 @@ func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Ver
 		wait = v.Result.RetryAfter
 	}
 	secs := ceilSeconds(wait)
-	ietf := h.headerMode == headersBoth || h.headerMode == headersIETF
-	legacy := h.headerMode == headersBoth || h.headerMode == headersLegacy
+	ietf := h.headerMode == config.HeadersBoth || h.headerMode == config.HeadersIETF
+	legacy := h.headerMode == config.HeadersBoth || h.headerMode == config.HeadersLegacy
 
 	// "name";r=R;t=T, then R and T alone.
 	var buf [160]byte

@@ -3,14 +3,10 @@ package tollgate
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"math"
 	"slices"
-	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
@@ -27,77 +23,6 @@ import (
 // policy name is known to the engine (keys, the admin API) by an internal
 // name, and to everything a user reads (placeholders, logs, events, metric
 // labels, headers) by the name as configured.
-
-// internalPrefix starts the internal name of a zone whose name is not a
-// valid policy name.
-const internalPrefix = "zone-"
-
-// internalName is the engine's name of the zone or policy configured as
-// name: the name itself when it is a valid policy name, else "zone-", up
-// to 32 bytes of the name with every byte a policy name cannot hold
-// replaced by '_', a '.', and 24 hex digits of SHA-256(name). Distinct
-// odd names get distinct internal names (96 bits of digest); an internal
-// name could only equal a configured valid name if that name were written
-// out digest and all, and two handlers sharing a name share its buckets
-// anyway (policies are named buckets), which warnSharedPolicies reports.
-func internalName(name string) string {
-	if limiter.ValidName(name) {
-		return name
-	}
-	var b strings.Builder
-	b.WriteString(internalPrefix)
-	for i := 0; i < len(name) && i < 32; i++ {
-		c := name[i]
-		if limiter.ValidName(string(c)) {
-			b.WriteByte(c)
-		} else {
-			b.WriteByte('_')
-		}
-	}
-	sum := sha256.Sum256([]byte(name))
-	b.WriteByte('.')
-	b.WriteString(hex.EncodeToString(sum[:12]))
-	return b.String()
-}
-
-// metricLabel is a policy name as a Prometheus label value: valid UTF-8
-// (the client library refuses anything else).
-func metricLabel(name string) string {
-	if utf8.ValidString(name) {
-		return name
-	}
-	return strings.ToValidUTF8(name, "\uFFFD")
-}
-
-// headerName is a policy name as the inside of a structured-field string
-// (RFC 9651), for RateLimit-Policy and RateLimit: printable ASCII, with
-// '"' and '\' escaped; any other byte is percent-encoded, as is '%'. Valid
-// policy names come out unchanged.
-func headerName(name string) string {
-	clean := true
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '%' {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return name
-	}
-	const hexDigits = "0123456789ABCDEF"
-	b := make([]byte, 0, len(name)+8)
-	for i := 0; i < len(name); i++ {
-		switch c := name[i]; {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20 || c > 0x7e || c == '%':
-			b = append(b, '%', hexDigits[c>>4], hexDigits[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return string(b)
-}
 
 // zoneCharge is the scratch space of chargeZones, pooled: a flood of
 // denials must not allocate per request.

@@ -1,10 +1,7 @@
 package tollgate
 
 import (
-	"strings"
 	"testing"
-
-	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // TestE2EAnonymousBucketIsItsOwn: a key or tenant that resolves empty
@@ -44,40 +41,6 @@ func TestE2EAnonymousBucketIsItsOwn(t *testing.T) {
 		}
 		if r := s.get(path); r.status != 429 {
 			t.Errorf("%s without key again: %d, want 429", path, r.status)
-		}
-	}
-}
-
-func TestInternalName(t *testing.T) {
-	long := strings.Repeat("n", 65)
-	names := []string{"api", "a b", "a:b", "a/b", "", long, long + "x", "zone-a_b", "ÿ", "a\x00b", "a_b"}
-	seen := map[string]string{}
-	for _, n := range names {
-		in := internalName(n)
-		if !limiter.ValidName(in) {
-			t.Errorf("internalName(%q) = %q, not a valid engine name", n, in)
-		}
-		if limiter.ValidName(n) && in != n {
-			t.Errorf("internalName(%q) = %q, want the name itself", n, in)
-		}
-		if prev, dup := seen[in]; dup {
-			t.Errorf("internalName(%q) = internalName(%q) = %q", n, prev, in)
-		}
-		seen[in] = n
-	}
-}
-
-func TestHeaderName(t *testing.T) {
-	for in, want := range map[string]string{
-		"api":        "api",
-		"a b:c/d":    "a b:c/d",
-		`say "hi"\`:  `say \"hi\"\\`,
-		"100%":       "100%25",
-		"ünï\x00":    "%C3%BCn%C3%AF%00",
-		"tab\tthere": "tab%09there",
-	} {
-		if got := headerName(in); got != want {
-			t.Errorf("headerName(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

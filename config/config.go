@@ -1,4 +1,4 @@
-package tollgate
+package config
 
 import (
 	"encoding/json"
@@ -200,7 +200,7 @@ func (c Cost) MarshalJSON() ([]byte, error) {
 }
 
 // constant returns the cost when it is a literal integer.
-func (c Cost) constant() (int64, bool) {
+func (c Cost) Constant() (int64, bool) {
 	if c == "" {
 		return 1, true
 	}
@@ -279,10 +279,10 @@ type RedisTLSConfig struct {
 	ServerName string `json:"server_name,omitempty"`
 }
 
-// backendOptions resolves placeholders such as {env.REDIS_PASSWORD} in
+// BackendOptions resolves placeholders such as {env.REDIS_PASSWORD} in
 // the fields where secrets and deployment details live, and applies the
 // defaults: what identifies the shared fleet.Backend.
-func (rc *RedisConfig) backendOptions(logger *zap.Logger) fleet.BackendOptions {
+func (rc *RedisConfig) BackendOptions(logger *zap.Logger) fleet.BackendOptions {
 	repl := caddy.NewReplacer()
 	c := fleet.Connection{
 		Cluster:        rc.Cluster,
@@ -314,3 +314,10 @@ func (rc *RedisConfig) backendOptions(logger *zap.Logger) fleet.BackendOptions {
 		Logger:          logger,
 	}
 }
+
+// DefaultKey is the key the Caddyfile writes for a `policy` block that
+// sets none when the handler sets no tenant: one bucket per client IP. It
+// is the runtime name of the Caddyfile shorthand {client_ip}, which only
+// the Caddyfile adapter expands. (A JSON policy without key, like a
+// caddy-ratelimit zone, is one bucket shared by every request.)
+const DefaultKey = "{http.vars.client_ip}"

@@ -1,145 +1,17 @@
-package tollgate
+package config
 
 import (
-	"bytes"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 )
-
-// goldenSep separates the Caddyfile from the expected JSON (or the expected
-// error text) in testdata/*.caddyfiletest, as in Caddy's own adapt tests.
-const goldenSep = "\n----------\n"
-
-// TestCaddyfileAdapt adapts every testdata/*.caddyfiletest with Caddy's
-// caddyfile adapter and compares the result with the JSON after the
-// separator; when the expected part does not start with '{' it is text the
-// adapt error must contain. UPDATE_GOLDEN=1 rewrites the JSON parts. Every
-// rate_limit handler in the output must also pass validateConfig.
-func TestCaddyfileAdapt(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.caddyfiletest")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no golden files: %v", err)
-	}
-	update := os.Getenv("UPDATE_GOLDEN") == "1"
-	adapter := caddyconfig.GetAdapter("caddyfile")
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) {
-			data, err := os.ReadFile(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			text := strings.ReplaceAll(string(data), "\r\n", "\n")
-			input, expected, ok := strings.Cut(text, goldenSep)
-			if !ok {
-				t.Fatalf("missing %q separator line", strings.TrimSpace(goldenSep))
-			}
-			input = strings.TrimSpace(input) + "\n"
-			expected = strings.TrimSpace(expected)
-
-			out, warnings, err := adapter.Adapt([]byte(input), map[string]any{"filename": "Caddyfile"})
-			for _, w := range warnings {
-				t.Logf("warning: %s:%d: %s: %s", file, w.Line, w.Directive, w.Message)
-			}
-
-			if expected != "" && expected[0] != '{' {
-				if err == nil {
-					t.Fatalf("adapt succeeded; want an error containing %q", expected)
-				}
-				if !strings.Contains(err.Error(), expected) {
-					t.Fatalf("adapt error:\n%v\nwant it to contain:\n%s", err, expected)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("adapt: %v", err)
-			}
-			var pretty bytes.Buffer
-			if err := json.Indent(&pretty, out, "", "\t"); err != nil {
-				t.Fatal(err)
-			}
-			if update {
-				golden := input + strings.TrimPrefix(goldenSep, "\n") + pretty.String() + "\n"
-				if err := os.WriteFile(file, []byte(golden), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			} else if got, want := normalizeJSON(t, out), normalizeJSON(t, []byte(expected)); got != want {
-				t.Errorf("adapted JSON differs (UPDATE_GOLDEN=1 rewrites it)\n--- got:\n%s\n--- want:\n%s", got, want)
-			}
-
-			handlers := findRateLimitHandlers(t, out)
-			if len(handlers) == 0 {
-				t.Fatal("no rate_limit handler in the adapted config")
-			}
-			for _, raw := range handlers {
-				var h Handler
-				if err := json.Unmarshal(raw, &h); err != nil {
-					t.Fatalf("decoding adapted handler: %v", err)
-				}
-				if _, err := h.validateConfig(); err != nil {
-					t.Errorf("adapted handler fails validateConfig: %v\n%s", err, raw)
-				}
-			}
-		})
-	}
-}
-
-// normalizeJSON re-encodes b so that key order and spacing do not matter.
-func normalizeJSON(t *testing.T, b []byte) string {
-	t.Helper()
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("invalid JSON: %v\n%s", err, b)
-	}
-	out, err := json.MarshalIndent(v, "", "\t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
-}
-
-// findRateLimitHandlers returns every JSON object with "handler":"rate_limit"
-// anywhere in the config.
-func findRateLimitHandlers(t *testing.T, config []byte) []json.RawMessage {
-	t.Helper()
-	var v any
-	if err := json.Unmarshal(config, &v); err != nil {
-		t.Fatal(err)
-	}
-	var found []json.RawMessage
-	var walk func(any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if v["handler"] == "rate_limit" {
-				raw, err := json.Marshal(v)
-				if err != nil {
-					t.Fatal(err)
-				}
-				found = append(found, raw)
-			}
-			for _, e := range v {
-				walk(e)
-			}
-		case []any:
-			for _, e := range v {
-				walk(e)
-			}
-		}
-	}
-	walk(v)
-	return found
-}
 
 // parseTest runs input through UnmarshalCaddyfile.
 func parseTest(input string) (*Handler, error) {
@@ -309,8 +181,8 @@ func TestCaddyfileHandlerDirectives(t *testing.T) {
 				t.Fatalf("parse:\n%s\nerror: %v", tt.input, err)
 			}
 			assertHandler(t, got, tt.want)
-			if _, err := got.validateConfig(); err != nil {
-				t.Errorf("validateConfig: %v", err)
+			if _, err := got.Validate(); err != nil {
+				t.Errorf("Validate: %v", err)
 			}
 		})
 	}
@@ -400,8 +272,8 @@ func TestCaddyfilePolicyDirectives(t *testing.T) {
 				t.Fatalf("parse:\n%s\nerror: %v", input, err)
 			}
 			assertHandler(t, got, policyOnly(tt.want))
-			if _, err := got.validateConfig(); err != nil {
-				t.Errorf("validateConfig: %v", err)
+			if _, err := got.Validate(); err != nil {
+				t.Errorf("Validate: %v", err)
 			}
 		})
 	}
@@ -602,4 +474,18 @@ func TestCaddyfileErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// normalizeJSON re-encodes b so that key order and spacing do not matter.
+func normalizeJSON(t *testing.T, b []byte) string {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("invalid JSON: %v\n%s", err, b)
+	}
+	out, err := json.MarshalIndent(v, "", "\t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }

@@ -1,4 +1,4 @@
-package tollgate
+package config
 
 import (
 	"errors"
@@ -16,7 +16,7 @@ import (
 )
 
 // This file is the one place where the rules of a rate_limit configuration
-// live. validateConfig checks every field of a Handler and builds its
+// live. Validate checks every field of a Handler and builds its
 // policies; errors are fieldErrors that name the JSON path of the field at
 // fault and the allowed values. A JSON config gets them as they are; the
 // Caddyfile parser (caddyfile.go) runs the same validator on what it read
@@ -71,19 +71,23 @@ func at(path []string, format string, args ...any) *fieldError {
 	return &fieldError{path: slices.Clone(path), msg: fmt.Sprintf(format, args...)}
 }
 
+// PolicyNames returns the names of h's policies in the order Validate
+// returns them (sorted).
+func (h *Handler) PolicyNames() []string { return sortedKeys(h.RateLimits) }
+
 // sub is path with more segments.
 func sub(path []string, more ...string) []string {
 	return append(slices.Clone(path), more...)
 }
 
-// validateConfig checks every field of h and returns its policies in name
+// Validate checks every field of h and returns its policies in name
 // order, built for the engine. Decisions where the contract is silent:
 //
 //   - A handler without policies is valid, as in caddy-ratelimit: it
 //     limits nothing (Provision warns).
 //   - Any string is a policy name, as any string is a caddy-ratelimit zone
 //     name; names that are not valid engine names get an internal name
-//     (internalName).
+//     (InternalName).
 //   - A lease set on a sliding_log or concurrency policy is an error (those
 //     algorithms cannot lease); the handler-level lease is only a default,
 //     and policies whose algorithm cannot lease do not inherit it.
@@ -94,7 +98,7 @@ func sub(path []string, more ...string) []string {
 //     sliding_log: what instances exchange is a count of logged units.
 //   - jitter must not be negative (caddy-ratelimit's only rule); NaN means
 //     no jitter and Retry-After stays bounded whatever the value.
-func (h *Handler) validateConfig() ([]*limiter.Policy, error) {
+func (h *Handler) Validate() ([]*limiter.Policy, error) {
 	if err := h.validateHandler(); err != nil {
 		return nil, err
 	}
@@ -349,7 +353,7 @@ func checkDelay(path []string, d caddy.Duration, alg limiter.Algorithm) error {
 // checkCost accepts an empty cost (1), an integer of the numeric domain or
 // a placeholder.
 func checkCost(path []string, c Cost) error {
-	if n, ok := c.constant(); ok {
+	if n, ok := c.Constant(); ok {
 		if err := limiter.CheckCount(n, 0); err != nil {
 			return at(path, "%v", err)
 		}
@@ -448,7 +452,7 @@ func (rc *RedisConfig) validate(path []string) error {
 func buildPolicy(name string, pc *PolicyConfig, alg limiter.Algorithm, tenantLimits map[string]*LimitConfig, h *Handler) *limiter.Policy {
 	shadow := pc.Shadow || h.Shadow
 	p := &limiter.Policy{
-		Name:      internalName(name),
+		Name:      InternalName(name),
 		Algorithm: alg,
 		Limit: limiter.Limit{
 			Rate: limiter.Rate{

@@ -1,4 +1,4 @@
-package tollgate
+package config
 
 import (
 	"encoding/json"
@@ -54,8 +54,8 @@ func FuzzParseCaddyfile(f *testing.F) {
 			}
 			return
 		}
-		if _, err := h.validateConfig(); err != nil {
-			t.Fatalf("Caddyfile accepted what validateConfig rejects: %v\ninput:\n%q", err, input)
+		if _, err := h.Validate(); err != nil {
+			t.Fatalf("Caddyfile accepted what Validate rejects: %v\ninput:\n%q", err, input)
 		}
 		raw, err := json.Marshal(&h)
 		if err != nil {
@@ -65,7 +65,7 @@ func FuzzParseCaddyfile(f *testing.F) {
 		if err := json.Unmarshal(raw, &back); err != nil {
 			t.Fatalf("unmarshal %s: %v", raw, err)
 		}
-		if _, err := back.validateConfig(); err != nil {
+		if _, err := back.Validate(); err != nil {
 			t.Fatalf("JSON round trip breaks validation: %v\n%s", err, raw)
 		}
 	})

@@ -1,4 +1,4 @@
-package tollgate
+package config
 
 import (
 	"errors"
@@ -10,26 +10,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
-
-func init() {
-	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
-	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.After, "forward_auth")
-}
-
-// parseCaddyfile builds a Handler from a `rate_limit` directive. Caddy has
-// already taken the optional request matcher off the line.
-func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	h := new(Handler)
-	if err := h.UnmarshalCaddyfile(helper.Dispenser); err != nil {
-		return nil, err
-	}
-	return h, nil
-}
 
 // UnmarshalCaddyfile implements caddyfile.Unmarshaler. Syntax (every
 // mholt/caddy-ratelimit config is valid and means the same):
@@ -117,7 +101,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return err
 	}
 	h.writePolicyDefaults(rec.policyBlocks)
-	if _, err := h.validateConfig(); err != nil {
+	if _, err := h.Validate(); err != nil {
 		var fe *fieldError
 		if errors.As(err, &fe) {
 			return rec.fieldErr(fe)
@@ -145,7 +129,7 @@ func (h *Handler) writePolicyDefaults(names []string) {
 			pc.Algorithm = limiter.SlidingWindow.String()
 		}
 		if pc.Key == "" && h.Tenant == "" {
-			pc.Key = defaultKey
+			pc.Key = DefaultKey
 		}
 		pc.AllOrNothing = true
 	}
@@ -423,8 +407,8 @@ func parseJitter(p cfParser, h *Handler) error {
 	return nil
 }
 
-// defaultDenialsStream is the stream length of a bare `denials_stream`.
-const defaultDenialsStream = 10000
+// DefaultDenialsStream is the stream length of a bare `denials_stream`.
+const DefaultDenialsStream = 10000
 
 func parseDenialsStream(p cfParser, h *Handler) error {
 	args, err := p.args(0, 1)
@@ -432,7 +416,7 @@ func parseDenialsStream(p cfParser, h *Handler) error {
 		return err
 	}
 	if len(args) == 0 {
-		h.DenialsStream = defaultDenialsStream
+		h.DenialsStream = DefaultDenialsStream
 		return nil
 	}
 	n, err := p.parseInt(args[0], "a positive integer")

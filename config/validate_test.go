@@ -1,4 +1,4 @@
-package tollgate
+package config
 
 import (
 	"encoding/json"
@@ -68,8 +68,8 @@ func TestValidateConfigAccepts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := jsonHandler(t, tt.config).validateConfig(); err != nil {
-				t.Fatalf("validateConfig: %v", err)
+			if _, err := jsonHandler(t, tt.config).Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
 			}
 		})
 	}
@@ -166,9 +166,9 @@ func TestValidateConfigRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := jsonHandler(t, tt.config).validateConfig()
+			_, err := jsonHandler(t, tt.config).Validate()
 			if err == nil {
-				t.Fatalf("validateConfig accepted %s", tt.config)
+				t.Fatalf("Validate accepted %s", tt.config)
 			}
 			if !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %q does not contain %q", err, tt.want)
@@ -266,9 +266,9 @@ func TestBuildPolicy(t *testing.T) {
 // policyNamed validates h and returns its policy name.
 func policyNamed(t *testing.T, h *Handler, name string) *limiter.Policy {
 	t.Helper()
-	policies, err := h.validateConfig()
+	policies, err := h.Validate()
 	if err != nil {
-		t.Fatalf("validateConfig: %v", err)
+		t.Fatalf("Validate: %v", err)
 	}
 	for _, p := range policies {
 		if p.Name == name {

@@ -1,0 +1,113 @@
+package config
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/tollgate/caddy-tollgate/internal/usage"
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// CostAfterConfig says where a metered policy reads a request's real cost
+// from its response. Exactly one of header and json is set.
+type CostAfterConfig struct {
+	// The response header, or trailer, that carries the real cost: a
+	// non-negative integer, e.g. `X-Tokens-Used`. A trailer wins over a
+	// header of the same name.
+	Header string `json:"header,omitempty"`
+
+	// The JSON numbers of the response body whose sum is the real cost:
+	// dot-separated paths of object keys from the top-level object,
+	// joined with `+`, e.g. `usage.total_tokens` or
+	// `usage.prompt_tokens+usage.completion_tokens`. Read from an
+	// application/json (or +json) body, or from each `data:` event of a
+	// text/event-stream body, the last value seen for each path counting.
+	// Fractions are rounded up. A compressed body, or one of another type,
+	// is not read.
+	JSON string `json:"json,omitempty"`
+}
+
+// costAfterForms is what the error messages offer.
+const costAfterForms = "cost_after header <Name> | cost_after json <path>[+<path>...]"
+
+// checkCostAfter checks the cost_after of a policy at path, whose
+// algorithm is alg and up-front cost c, and compiles it.
+func checkCostAfter(path []string, ca *CostAfterConfig, alg limiter.Algorithm, c Cost) (*Meter, error) {
+	if ca == nil {
+		return nil, nil
+	}
+	switch {
+	case ca.Header == "" && ca.JSON == "":
+		return nil, at(path, "set header or json (%s)", costAfterForms)
+	case ca.Header != "" && ca.JSON != "":
+		return nil, at(path, "header and json exclude each other (%s)", costAfterForms)
+	case alg == limiter.Concurrency:
+		return nil, at(path, "not with algorithm concurrency, which counts requests in flight, not units (allowed: %s)", meteredAlgorithms)
+	}
+	if n, ok := c.Constant(); ok && n == 0 {
+		return nil, at(sub(path[:len(path)-1], "cost"), "0 with cost_after: a request must be charged at least 1 unit up front, or a tenant in debt is never refused")
+	}
+	if ca.Header != "" {
+		if !validHeaderName(ca.Header) {
+			return nil, at(sub(path, "header"), "%q: not a header name (letters, digits and !#$%%&'*+-.^_`|~)", ca.Header)
+		}
+		return &Meter{Header: http.CanonicalHeaderKey(ca.Header)}, nil
+	}
+	paths, err := usage.ParsePaths(ca.JSON)
+	if err != nil {
+		return nil, at(sub(path, "json"), "%q: %v", ca.JSON, err)
+	}
+	return &Meter{Paths: &paths}, nil
+}
+
+// meteredAlgorithms lists the algorithms cost_after works with.
+const meteredAlgorithms = "token_bucket, gcra, sliding_window, fixed_window, sliding_log"
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110 token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// Meter is a compiled cost_after: Header is the canonical header name,
+// or Paths the JSON paths.
+type Meter struct {
+	Header string
+	Paths  *usage.Paths
+}
+
+// Meter compiles the cost_after of the policy named name (validated with
+// it: see Validate); nil when the policy is not metered.
+func (pc *PolicyConfig) Meter(name string, alg limiter.Algorithm) (*Meter, error) {
+	return checkCostAfter([]string{"rate_limits", name, "cost_after"}, pc.CostAfter, alg, pc.Cost)
+}
+
+// parseCostAfter reads `cost_after header <Name>` or `cost_after json
+// <path>[+<path>...]`.
+func (p cfParser) costAfter() (*CostAfterConfig, error) {
+	args, err := p.args(2, -1)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case args[0] == "header" && len(args) == 2:
+		return &CostAfterConfig{Header: args[1]}, nil
+	case args[0] == "json":
+		// "usage.a + usage.b" arrives as three arguments.
+		return &CostAfterConfig{JSON: strings.Join(args[1:], " ")}, nil
+	case args[0] == "header":
+		return nil, p.dirErr("wrong number of arguments (%d); usage: %s", len(args), costAfterForms)
+	}
+	return nil, p.dirErr("%q: unknown source (allowed: header, json); usage: %s", args[0], costAfterForms)
+}

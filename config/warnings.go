@@ -1,0 +1,51 @@
+package config
+
+import (
+	"github.com/tollgate/caddy-tollgate/limiter"
+	"go.uber.org/zap"
+)
+
+// Warn logs the configuration that is valid but almost certainly not what
+// the operator meant, once per provisioning; policies are what Validate
+// returned. None of it is an error: the config runs as written.
+func (h *Handler) Warn(logger *zap.Logger, policies []*limiter.Policy) {
+	if len(h.RateLimits) == 0 {
+		logger.Warn("rate_limit defines no zone or policy: it limits nothing")
+	}
+	if h.Jitter > 1 {
+		logger.Warn("jitter is a fraction of the wait (0.2 adds up to 20%), not a percentage: this one can multiply Retry-After",
+			zap.Float64("jitter", h.Jitter))
+	}
+	for _, tenant := range sortedKeys(h.TenantTiers) {
+		tier := h.TenantTiers[tenant]
+		defined := false
+		for _, p := range policies {
+			if _, ok := p.Tiers[tier]; ok {
+				defined = true
+				break
+			}
+		}
+		if !defined {
+			logger.Warn("tenant_tier names a tier that no policy defines: the tenant gets each policy's own limit",
+				zap.String("tenant", tenant), zap.String("tier", tier))
+		}
+	}
+	if h.Redis != nil && (h.MaxMemory != 0 || h.SweepInterval != 0) {
+		logger.Warn("max_memory and sweep_interval size the embedded store: they are ignored with a redis block")
+	}
+	if h.Redis == nil {
+		if h.Lease != nil && h.Lease.MaxTokens > 0 {
+			logger.Warn("lease is ignored on the embedded store: it decides in process memory, leases only save calls to a shared Redis")
+		}
+		for _, name := range sortedKeys(h.RateLimits) {
+			if lc := h.RateLimits[name].Lease; lc != nil && lc.MaxTokens > 0 {
+				logger.Warn("lease is ignored on the embedded store", zap.String("policy", name))
+			}
+		}
+	}
+	for i, name := range sortedKeys(h.RateLimits) { // the order of policies
+		if pc := h.RateLimits[name]; i < len(policies) && policies[i].Algorithm == limiter.Concurrency && pc.Window > 0 {
+			logger.Warn("window is ignored by the concurrency algorithm (it limits requests in flight)", zap.String("policy", name))
+		}
+	}
+}
