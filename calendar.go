@@ -1,12 +1,10 @@
 package tollgate
 
 import (
-	"net/http"
 	"strconv"
 	"sync/atomic"
 	"time"
 
-	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -14,33 +12,6 @@ import (
 // fixed_window policy, tier or tenant limit, and the RateLimit-Policy
 // header of a calendar period (its w= is the length of the current
 // period, which changes with DST and the month).
-
-// calendarText describes the calendar of r for the admin API: "month
-// America/New_York", or "" when r has none.
-func calendarText(r limiter.Rate) string {
-	if r.Calendar == nil {
-		return ""
-	}
-	return r.Calendar.String()
-}
-
-// calendarPeriod describes the calendar of r and its period at now, for
-// the admin API: "month America/New_York" and the period's start and end
-// in RFC 3339, in the calendar's zone.
-func calendarPeriod(r limiter.Rate, now time.Time) (name, start, end string) {
-	start0, end0 := r.Calendar.Period(now.UnixNano())
-	loc := r.Calendar.Location()
-	return r.Calendar.String(), time.Unix(0, start0).In(loc).Format(time.RFC3339), time.Unix(0, end0).In(loc).Format(time.RFC3339)
-}
-
-// checkOverrideCalendar refuses a runtime override with a window for a
-// calendar policy: overrides keep the policy's calendar period.
-func checkOverrideCalendar(p *limiter.Policy, o *fleet.Override) error {
-	if p.Limit.Calendar != nil && o.Window != 0 && !o.Unlimited {
-		return apiError(http.StatusBadRequest, "policy %s counts per calendar %s: an override keeps that period (omit window; a tenant_limit in the config can set another)", p.Name, p.Limit.Calendar)
-	}
-	return nil
-}
 
 // calendarHeader caches the RateLimit-Policy value of a policy's own
 // calendar limit for the current period.
@@ -63,9 +34,9 @@ func (c *calendarHeaderCache) get(p *policyRuntime, now time.Time) string {
 	if h := c.v.Load(); h != nil && h.start <= t && t < h.end {
 		return h.header
 	}
-	r := p.policy.Limit.Rate
+	r := p.Engine.Limit.Rate
 	start, end := r.Calendar.Period(t)
-	h := &calendarHeader{start: start, end: end, header: policyHeaderWindow(p.header, r.Limit, time.Duration(end-start))}
+	h := &calendarHeader{start: start, end: end, header: policyHeaderWindow(p.Header, r.Limit, time.Duration(end-start))}
 	c.v.Store(h)
 	return h.header
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -19,7 +20,7 @@ func mustCalendar(t *testing.T, period, zone string) *limiter.Calendar {
 // TestPolicyHeaderCalendar: w= is the length of the current period.
 func TestPolicyHeaderCalendar(t *testing.T) {
 	ny := mustCalendar(t, "day", "America/New_York")
-	p := &policyRuntime{header: "daily", policy: &limiter.Policy{Name: "daily", Algorithm: limiter.FixedWindow, Limit: limiter.Limit{Rate: limiter.CalendarRate(100, ny)}}}
+	p := &policyRuntime{Policy: &gate.Policy{Header: "daily", Engine: &limiter.Policy{Name: "daily", Algorithm: limiter.FixedWindow, Limit: limiter.Limit{Rate: limiter.CalendarRate(100, ny)}}}}
 	loc := ny.Location()
 	for _, tt := range []struct {
 		at   time.Time

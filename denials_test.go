@@ -19,6 +19,7 @@ import (
 
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
@@ -57,12 +58,12 @@ func denialWriters(t testing.TB) int {
 
 // liveStreams returns the distinct denial streams of the live handlers.
 func liveStreams() []*fleet.DenialStream {
-	handlersMu.RLock()
-	defer handlersMu.RUnlock()
+	gate.RLock()
+	defer gate.RUnlock()
 	var out []*fleet.DenialStream
-	for _, h := range liveHandlers() {
-		if h.denials != nil && !slices.Contains(out, h.denials) {
-			out = append(out, h.denials)
+	for _, h := range gate.Gates() {
+		if d := h.Store.Denials(); d != nil && !slices.Contains(out, d) {
+			out = append(out, d)
 		}
 	}
 	return out
@@ -208,7 +209,7 @@ func TestDenialStreamTenantCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := entries[0].Values["tenant"], loggable(long); got != want || len(want) > maxLoggedValue+20 {
+	if got, want := entries[0].Values["tenant"], gate.Loggable(long); got != want || len(want) > 128+20 {
 		t.Errorf("tenant %q, want %q", got, want)
 	}
 }
@@ -373,12 +374,12 @@ func BenchmarkRecordDenial(b *testing.B) {
 	s := backend.Denials()
 	s.Acquire(1000)
 	defer s.Release(1000)
-	h := &Handler{denials: s, Handler: config.Handler{Tenant: "{http.request.header.X-Tenant}"}}
-	p := &policyRuntime{name: "api", policy: &limiter.Policy{Name: "api"}}
-	it := &limiter.Item{Tenant: "acme", Policy: p.policy}
+	h := &Handler{Handler: config.Handler{Tenant: "{http.request.header.X-Tenant}"}}
+	p := &policyRuntime{Policy: &gate.Policy{Name: "api", Engine: &limiter.Policy{Name: "api"}}}
+	it := &limiter.Item{Tenant: "acme", Policy: p.Engine}
 	v := &limiter.Verdict{}
 	b.ReportAllocs()
 	for b.Loop() {
-		h.recordDenial(p, it, v, 3)
+		h.recordDenial(s, p, it, v, 3)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/caddy-tollgate/config"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -118,7 +119,7 @@ func (ps *peerSync) Destruct() error {
 
 // provisionDistributed makes the handler's store a limiter.PeerStore over
 // the embedded store, fed by the exchange of its storage.
-func (h *Handler) provisionDistributed(ctx caddy.Context) error {
+func (h *Handler) provisionDistributed(ctx caddy.Context, m *gate.Memory) error {
 	var (
 		stor stateStorage
 		key  string
@@ -151,11 +152,11 @@ func (h *Handler) provisionDistributed(ctx caddy.Context) error {
 	ps.start()
 	zones := make(map[string]string, len(h.policies))
 	for _, p := range h.policies {
-		zones[p.policy.Name] = p.name
+		zones[p.Engine.Name] = p.Name
 	}
-	view := &peerView{sync: ps, zones: zones, tenant: h.Tenant != "", store: h.store}
+	view := &peerView{sync: ps, zones: zones, tenant: h.Tenant != "", store: m.MemoryStore()}
 	h.peers = &peerAttachment{key: key, sync: ps}
-	h.store = limiter.NewPeerStore(h.store, view, nil)
+	m.Use(limiter.NewPeerStore(m.MemoryStore(), view, nil))
 	return nil
 }
 

@@ -307,20 +307,14 @@ func (h *Handler) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 				p.metrics.costMissing.Inc()
 			}
 			if ce := h.logger.Check(zapcore.DebugLevel, "metered cost missing; charged the up-front cost only"); ce != nil {
-				ce.Write(zap.String("policy", p.name), zap.String("reason", why), zap.Int64("cost", st.items[i].Cost))
+				ce.Write(zap.String("policy", p.Name), zap.String("reason", why), zap.Int64("cost", st.items[i].Cost))
 			}
 		}
 		real = append(real, n)
 	}
 	st.real = real
 	ctx := context.WithoutCancel(r.Context())
-	var err error
-	if h.stack != nil {
-		err = h.stack.Settle(ctx, &st.decision, real)
-	} else {
-		err = st.decision.Settle(ctx, limiter.Fallback{}, real)
-	}
-	if err != nil {
+	if err := h.gate.Store.Settle(ctx, &st.decision, real); err != nil {
 		h.settleFailed(err)
 	}
 }

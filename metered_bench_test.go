@@ -158,10 +158,10 @@ func verifyMetered(b *testing.B, h *Handler, next caddyhttp.Handler, want int64)
 	if len(h.policies) != 1 {
 		b.Fatalf("%d policies, want 1", len(h.policies))
 	}
-	p := h.policies[0].policy
+	p := h.policies[0].Engine
 	res := make([]limiter.Result, 1)
 	c := limiter.Check{Algorithm: p.Algorithm, Tenant: tenant, Policy: p.Name, Rate: p.Limit.Rate}
-	if err := h.store.Peek(context.Background(), []limiter.Check{c}, res); err != nil {
+	if err := h.gate.Store.Peek(context.Background(), []limiter.Check{c}, res); err != nil {
 		b.Fatal(err)
 	}
 	// The bucket refills 31.7 units/s: at most one unit back by now.

@@ -423,12 +423,12 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	m := &handlerMetrics{redis: h.Redis != nil}
 	names := make([]string, len(h.policies))
 	for i, p := range h.policies {
-		p.metrics.init(i, p.label, p.policy, m.redis)
+		p.metrics.init(i, p.Label, p.Engine, m.redis)
 		if p.meter != nil {
-			p.metrics.costMissing = collectors.costMissing.WithLabelValues(p.label)
+			p.metrics.costMissing = collectors.costMissing.WithLabelValues(p.Label)
 		}
-		p.initCompat(h.RateLimits[p.name])
-		names[i] = p.label
+		p.initCompat(h.RateLimits[p.Name])
+		names[i] = p.Label
 	}
 	if h.MetricsTenants > 0 {
 		tt, key, err := loadTenantTracker(h.MetricsTenants, names)
@@ -475,9 +475,9 @@ func (h *Handler) recordDecision(st *requestState, start time.Time) {
 		}
 		p := st.policies[i]
 		dec, src := classify(v, m.redis)
-		p.metrics.record(p.label, dec, src, secs)
+		p.metrics.record(p.Label, dec, src, secs)
 		if v.Result.Wait > 0 && v.Enforced() && d.Admitted {
-			p.metrics.observeDelay(p.label, v.Result.Wait)
+			p.metrics.observeDelay(p.Label, v.Result.Wait)
 		}
 		near := i < len(st.near) && st.near[i]
 		if near {

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate/caddy-tollgate/config"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -54,9 +55,9 @@ type compatMetrics struct {
 // initCompat resolves the policy's children and counts its configuration,
 // as caddy-ratelimit does at every provisioning.
 func (p *policyRuntime) initCompat(pc *config.PolicyConfig) {
-	p.compat.declined = compatCollectors.declined.WithLabelValues(p.label)
-	p.compat.processTime = compatCollectors.processTime.WithLabelValues(p.label)
-	compatCollectors.config.WithLabelValues(p.label,
+	p.compat.declined = compatCollectors.declined.WithLabelValues(p.Label)
+	p.compat.processTime = compatCollectors.processTime.WithLabelValues(p.Label)
+	compatCollectors.config.WithLabelValues(p.Label,
 		strconv.FormatInt(pc.MaxEvents, 10),
 		time.Duration(pc.Window).String(),
 		strconv.Itoa(pc.IPv4Prefix),
@@ -101,38 +102,26 @@ func (c *keysCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 // Collect implements prometheus.Collector.
 func (c *keysCollector) Collect(ch chan<- prometheus.Metric) {
-	handlersMu.RLock()
-	defer handlersMu.RUnlock()
+	gate.RLock()
+	defer gate.RUnlock()
 	counts := map[*limiter.MemoryStore]map[string]int{}
 	values := map[string]int{}
-	for _, h := range liveHandlers() {
-		mem := h.memoryStore()
-		if mem == nil || h.metrics == nil {
+	for _, h := range gate.Gates() {
+		m, ok := h.Store.(*gate.Memory)
+		if !ok || h.Config.DisableMetrics {
 			continue
 		}
+		mem := m.MemoryStore()
 		byPolicy, ok := counts[mem]
 		if !ok {
 			byPolicy = mem.PolicyCounts()
 			counts[mem] = byPolicy
 		}
-		for _, p := range h.policies {
-			values[p.label] = byPolicy[p.policy.Name]
+		for _, p := range h.Policies {
+			values[p.Label] = byPolicy[p.Engine.Name]
 		}
 	}
 	for zone, n := range values {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), zone)
 	}
-}
-
-// memoryStore is the embedded store the handler decides with, or nil.
-func (h *Handler) memoryStore() *limiter.MemoryStore {
-	s := h.store
-	if ps, ok := s.(*limiter.PeerStore); ok {
-		s = ps.Inner()
-	}
-	if h.Redis != nil {
-		return nil
-	}
-	m, _ := s.(*limiter.MemoryStore)
-	return m
 }

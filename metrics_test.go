@@ -543,12 +543,12 @@ func decidedState(tb testing.TB, h *Handler, policy, tenant string) *requestStat
 	tb.Helper()
 	st := new(requestState)
 	for _, p := range h.policies {
-		if p.policy.Name == policy {
-			st.items = append(st.items, limiter.Item{Policy: p.policy, Tenant: tenant, Cost: 1})
+		if p.Engine.Name == policy {
+			st.items = append(st.items, limiter.Item{Policy: p.Engine, Tenant: tenant, Cost: 1})
 			st.policies = append(st.policies, p)
 		}
 	}
-	if err := st.decision.Decide(context.Background(), h.store, st.items); err != nil {
+	if err := h.gate.Store.Decide(context.Background(), &st.decision, st.items); err != nil {
 		tb.Fatal(err)
 	}
 	return st

@@ -1,12 +1,15 @@
 package tollgate
 
 import (
+	// The admin API's module, admin.api.rate_limit.
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	_ "github.com/tollgate/caddy-tollgate/admin"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -50,20 +54,9 @@ type Handler struct {
 	ctx    caddy.Context
 	logger *zap.Logger
 	events *caddyevents.App
-	// store decides requests: the embedded store, or the stack's store.
-	store limiter.Store
-	// storeKey names the embedded store in its pool ("" with Redis).
-	storeKey string
-	// backend, attachment and stack: the shared Redis backend, this
-	// handler's hooks on it, and its store stack (nil without Redis).
-	backend    *fleet.Backend
-	attachment *fleet.Attachment
-	stack      *fleet.Stack
-	// fallbackKey names the shared fallback store of fail_mode local.
-	fallbackKey string
-	// denials is the backend's denial stream while this handler uses it
-	// (denials_stream > 0), else nil.
-	denials *fleet.DenialStream
+	// gate is the provisioned handler: its policies and the store it
+	// decides with (the embedded store or its Redis stack).
+	gate *gate.Gate
 	// lastStoreWarning (unix nanos) throttles store failure logs.
 	lastStoreWarning *atomic.Int64
 	policies         []*policyRuntime
@@ -75,8 +68,6 @@ type Handler struct {
 	tenant, tier template
 	// metrics is nil when metrics are disabled.
 	metrics *handlerMetrics
-	// overrides holds the runtime overrides (admin API) of the store.
-	overrides *fleet.OverrideTable
 	// peers is the handler's hold on its distributed exchange, or nil.
 	peers *peerAttachment
 	// cleanedUp: Cleanup has run.
@@ -124,7 +115,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.Warn(h.logger, policies)
-	h.warnSharedPolicies(ctx)
 
 	mode, err := config.ParseHeaderMode(h.Headers)
 	if err != nil {
@@ -140,85 +130,62 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("getting events app: %v", err)
 	}
 
-	if h.Redis != nil {
-		if err := h.provisionRedis(); err != nil {
-			return err
-		}
-	} else {
-		sweep := time.Duration(h.SweepInterval)
-		if sweep <= 0 {
-			sweep = limiter.DefaultSweepInterval
-		}
-		if h.store, h.storeKey, err = loadEmbeddedStore(sweep, h.MaxMemory); err != nil {
-			return err
-		}
-		h.overrides = memoryOverrides
-		if h.Distributed != nil {
-			if err := h.provisionDistributed(ctx); err != nil {
-				return err
-			}
-		}
+	if h.gate.Store, err = h.openStore(ctx); err != nil {
+		return err
 	}
-	registerHandler(h)
+	gate.Register(ctx, h.gate, h.logger)
 	return nil
 }
 
-// provisionRedis attaches the handler to the shared backend of its Redis
-// settings and builds its store stack on it.
-func (h *Handler) provisionRedis() error {
-	backend, err := fleet.Acquire(h.Redis.BackendOptions(h.logger))
+// openStore opens the store the handler decides with: its stack on the
+// shared Redis backend of its settings, or the embedded store (under
+// caddy-ratelimit's distributed exchange when configured).
+func (h *Handler) openStore(ctx caddy.Context) (gate.Store, error) {
+	if h.Redis != nil {
+		o := gate.RedisOptions{
+			Backend:       h.Redis.BackendOptions(h.logger),
+			Hooks:         fleet.Hooks{Logger: h.logger},
+			DenialsStream: h.DenialsStream,
+			Logger:        h.logger,
+		}
+		for _, p := range h.policies {
+			o.Lease = o.Lease || p.Engine.Lease.Enabled()
+		}
+		if h.metrics != nil {
+			o.Hooks.Observer, o.ObserveLease = metricsObserver{}, observeLeaseUnits
+		}
+		return gate.OpenRedis(o)
+	}
+	m, err := gate.OpenMemory(time.Duration(h.SweepInterval), h.MaxMemory)
 	if err != nil {
-		return fmt.Errorf("redis: %v", err)
+		return nil, err
 	}
-	h.backend = backend
-	hooks := fleet.Hooks{Logger: h.logger}
-	if h.metrics != nil {
-		hooks.Observer = metricsObserver{}
+	if h.Distributed != nil {
+		if err := h.provisionDistributed(ctx, m); err != nil {
+			return nil, errors.Join(err, m.Close())
+		}
 	}
-	h.attachment = backend.Attach(hooks)
-	fallback, fallbackKey, err := loadFallbackStore()
-	if err != nil {
-		return err
-	}
-	h.fallbackKey = fallbackKey
-	opts := fleet.StackOptions{Fallback: fallback, Logger: h.logger}
-	for _, p := range h.policies {
-		opts.Lease = opts.Lease || p.policy.Lease.Enabled()
-	}
-	if h.metrics != nil {
-		opts.ObserveLease = observeLeaseUnits
-	}
-	h.stack = fleet.NewStack(backend, opts)
-	h.store = h.stack.Store()
-	h.overrides = backend.Overrides().Table()
-	if h.DenialsStream > 0 {
-		h.denials = backend.Denials()
-		h.denials.Acquire(h.DenialsStream)
-	}
-	return nil
+	return m, nil
 }
 
 // provisionPolicies pairs the validated policies (in name order, so
 // headers and logs are deterministic) with what the Caddy layer needs to
 // map a request onto them: matchers, key template, cost.
 func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Policy) error {
+	h.gate = &gate.Gate{Config: &h.Handler, Policies: gate.NewPolicies(&h.Handler, policies)}
 	h.policies = make([]*policyRuntime, 0, len(policies))
-	names := h.PolicyNames() // the order of policies
 	var err error
-	for i, policy := range policies {
-		name := names[i]
+	for _, gp := range h.gate.Policies {
+		name := gp.Name
 		pc := h.RateLimits[name]
 		rt := &policyRuntime{
-			policy:       policy,
-			name:         name,
-			key:          compileTemplate(pc.Key),
-			ipv4Prefix:   pc.IPv4Prefix,
-			ipv6Prefix:   pc.IPv6Prefix,
-			allOrNothing: pc.AllOrNothing,
+			Policy:     gp,
+			key:        compileTemplate(pc.Key),
+			ipv4Prefix: pc.IPv4Prefix,
+			ipv6Prefix: pc.IPv6Prefix,
 		}
-		rt.near = h.NearFraction(pc)
 		// Validated with the policy: only compiled here.
-		if rt.meter, err = pc.Meter(name, policy.Algorithm); err != nil {
+		if rt.meter, err = pc.Meter(name, gp.Engine.Algorithm); err != nil {
 			return err
 		}
 		rt.meter = sameMeter(h.policies, rt.meter)
@@ -237,7 +204,7 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 			}
 		}
 		rt.precomputeHeaders()
-		h.zones = h.zones || !rt.allOrNothing
+		h.zones = h.zones || !rt.AllOrNothing
 		h.policies = append(h.policies, rt)
 	}
 	return nil
@@ -259,30 +226,13 @@ func (h *Handler) Cleanup() error {
 	}
 	h.cleanedUp = true
 	var errs []error
-	unregisterHandler(h)
-	if h.denials != nil {
-		h.denials.Release(h.DenialsStream)
+	if h.gate != nil {
+		gate.Unregister(h.gate)
 	}
 	errs = append(errs, h.cleanupDistributed())
-	if h.storeKey != "" {
-		_, err := embeddedStores.Delete(h.storeKey)
-		errs = append(errs, err)
+	if h.gate != nil && h.gate.Store != nil {
+		errs = append(errs, h.gate.Store.Close())
 	}
-	if h.stack != nil {
-		// Before the backend goes: the give-backs need its client.
-		errs = append(errs, h.stack.Close())
-	}
-	if h.attachment != nil {
-		h.attachment.Detach()
-	}
-	if h.backend != nil {
-		errs = append(errs, h.backend.Release())
-	}
-	if h.fallbackKey != "" {
-		_, err := embeddedStores.Delete(h.fallbackKey)
-		errs = append(errs, err)
-	}
-	h.storeKey, h.fallbackKey = "", ""
 	h.cleanupMetrics()
 	return errors.Join(errs...)
 }
@@ -314,7 +264,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if !ok {
 			continue
 		}
-		item := limiter.Item{Policy: p.policy, Tenant: tenant, Cost: p.requestCost(repl, r)}
+		item := limiter.Item{Policy: p.Engine, Tenant: tenant, Cost: p.requestCost(repl, r)}
 		if h.Tenant != "" {
 			item.Part = p.resolveKey(repl, r)
 		} else {
@@ -338,12 +288,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	d := &st.decision
-	d.Overrides = h.overrides
+	d.Overrides = h.gate.Store.Overrides().Table()
 	start := h.decisionStart()
-	var err error
-	if h.Redis == nil {
-		err = d.Decide(r.Context(), h.store, st.items)
-	} else if err = h.stack.Decide(r.Context(), d, st.items); err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
+	err := h.gate.Store.Decide(r.Context(), d, st.items)
+	if err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
 		// The store failed and the fail modes decided: d is complete.
 		h.storeFailed(err)
 		err = nil

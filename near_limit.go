@@ -1,29 +1,10 @@
 package tollgate
 
 import (
-	"cmp"
-	"net/http"
-	"slices"
-	"strconv"
-	"time"
-
 	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
-
-// memoryNearLimit is the near-limit board of handlers on the embedded
-// store: process-wide, so it survives config reloads (as the embedded
-// store does).
-var memoryNearLimit = fleet.NewNearLimitBoard()
-
-// nearLimitBoard is where the handler notes near-limit tenants: its Redis
-// backend's board (published for the fleet), else the process's.
-func (h *Handler) nearLimitBoard() *fleet.NearLimitBoard {
-	if h.backend != nil {
-		return h.backend.NearLimit()
-	}
-	return memoryNearLimit
-}
 
 // markNearLimit flags, in st.near, the verdicts of an admitted request
 // that left their tenant with less than (1 - near_limit) of its limit,
@@ -43,20 +24,20 @@ func (h *Handler) markNearLimit(st *requestState) {
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
 		near := v.Counted() && v.Path == limiter.PathStore && v.Result.Allowed && st.items[i].Cost > 0 &&
-			isNearLimit(v.Result.Remaining, v.Limit.Capacity(), st.policies[i].near)
+			isNearLimit(v.Result.Remaining, v.Limit.Capacity(), st.policies[i].Near)
 		st.near = append(st.near, near)
 		if !near {
 			continue
 		}
 		if board == nil {
-			board = h.nearLimitBoard()
+			board = h.gate.Store.NearLimit()
 		}
 		it := &st.items[i]
 		key := ""
 		if h.LogKey {
-			key = loggable(it.Part)
+			key = gate.Loggable(it.Part)
 		}
-		board.Note(it.Policy.Name, loggable(it.Tenant), key, v.Result.Remaining, v.Limit.Capacity(), v.Result.Reset)
+		board.Note(it.Policy.Name, gate.Loggable(it.Tenant), key, v.Result.Remaining, v.Limit.Capacity(), v.Result.Reset)
 	}
 }
 
@@ -64,106 +45,4 @@ func (h *Handler) markNearLimit(st *requestState) {
 // capacity.
 func isNearLimit(remaining, capacity int64, fraction float64) bool {
 	return float64(remaining) < (1-fraction)*float64(capacity)
-}
-
-// Limits of GET /rate_limit/near_limit.
-const (
-	defaultNearLimitCount = 100
-	maxNearLimitCount     = 1000
-)
-
-// nearLimitEntry is an entry of GET /rate_limit/near_limit.
-type nearLimitEntry struct {
-	Policy    string `json:"policy"`
-	Tenant    string `json:"tenant"`
-	Key       string `json:"key,omitempty"`
-	Remaining int64  `json:"remaining"`
-	Limit     int64  `json:"limit"`
-	// NearLimit is the policy's threshold (near_limit).
-	NearLimit float64 `json:"near_limit"`
-	// At is when the tenant was last seen near its limit; ResetAt when
-	// its bucket was to have more quota then (RFC 3339).
-	At       string `json:"at"`
-	ResetAt  string `json:"reset_at"`
-	Instance string `json:"instance,omitempty"`
-}
-
-// nearLimit answers GET /rate_limit/near_limit?policy=P&count=N: the
-// tenants seen near their limit most recently, newest first, with the
-// quota they had left; fleet-wide for handlers on Redis.
-func (adminAPI) nearLimit(w http.ResponseWriter, r *http.Request) error {
-	if err := requireMethod(r, http.MethodGet); err != nil {
-		return err
-	}
-	q := r.URL.Query()
-	policy := q.Get("policy")
-	count := defaultNearLimitCount
-	if c := q.Get("count"); c != "" {
-		n, err := strconv.Atoi(c)
-		if err != nil || n < 1 || n > maxNearLimitCount {
-			return apiError(http.StatusBadRequest, "count: %q is not an integer from 1 to %d", c, maxNearLimitCount)
-		}
-		count = n
-	}
-	hs, ps, err := selectPolicies(policy)
-	if err != nil {
-		return err
-	}
-	// The policies to list, with their thresholds, and the boards that
-	// hold them (each once).
-	thresholds := map[string]float64{}
-	var all []fleet.NearLimitEntry
-	var fleetErr error
-	seen := map[any]bool{}
-	for i, h := range hs {
-		for _, p := range ps[i] {
-			if _, ok := thresholds[p.policy.Name]; !ok {
-				thresholds[p.policy.Name] = p.near
-			}
-		}
-		if len(ps[i]) == 0 {
-			continue
-		}
-		if b := h.backend; b != nil {
-			if seen[b] {
-				continue
-			}
-			seen[b] = true
-			es, err := b.NearLimitFleet(r.Context(), policy, maxNearLimitCount)
-			if err != nil && fleetErr == nil {
-				fleetErr = err
-			}
-			all = append(all, es...)
-		} else if !seen[memoryNearLimit] {
-			seen[memoryNearLimit] = true
-			all = append(all, memoryNearLimit.Recent(policy, maxNearLimitCount)...)
-		}
-	}
-	slices.SortStableFunc(all, func(a, b fleet.NearLimitEntry) int { return cmp.Compare(b.At, a.At) })
-	out := []nearLimitEntry{}
-	for _, e := range all {
-		if len(out) == count {
-			break
-		}
-		f, ok := thresholds[e.Policy]
-		if !ok {
-			continue // a policy of no live handler (an old config's)
-		}
-		out = append(out, nearLimitEntry{
-			Policy: e.Policy, Tenant: e.Tenant, Key: e.Key, Remaining: e.Remaining, Limit: e.Limit, NearLimit: f,
-			At:       time.Unix(0, e.At).UTC().Format(time.RFC3339Nano),
-			ResetAt:  time.Unix(0, e.ResetAt).UTC().Format(time.RFC3339),
-			Instance: e.Instance,
-		})
-	}
-	res := map[string]any{"tenants": out}
-	if policy != "" {
-		res["policy"] = policy
-	}
-	if fleetErr != nil {
-		// This instance's own entries are there; the other instances'
-		// could not be read.
-		res["fleet_error"] = fleetErr.Error()
-	}
-	return writeJSON(w, res)
 }

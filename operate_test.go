@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
 
@@ -153,7 +154,7 @@ func TestRedisLogsThroughCaddy(t *testing.T) {
 		}
 		respond "stalled"
 	}`, down, srv.Addr), nil)
-	redisLogLast.Clear() // other tests' lines must not throttle this one's
+	gate.ClearRedisLogThrottle() // other tests' lines must not throttle this one's
 	s.get("/down", "X-Tenant", "a")
 	waitFor(t, func() bool {
 		return countLogLines(t, logFile, `"logger":"http.handlers.rate_limit","msg":"rate limit store unreachable (connection refused)`) > 0

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/tollgate/caddy-tollgate/limiter"
+	"github.com/tollgate/caddy-tollgate/gate"
 )
 
 // TestEmbeddedStoreMemoryBudget: max_memory bounds the embedded store's
@@ -17,10 +17,10 @@ func TestEmbeddedStoreMemoryBudget(t *testing.T) {
 	small := provisionHandler(t, `{"max_memory":1048576,`+pol+`}`)
 	small2 := provisionHandler(t, `{"max_memory":1048576,`+pol+`}`)
 	def := provisionHandler(t, `{`+pol+`}`)
-	if small.store != small2.store {
+	if small.gate.Store.Scope() != small2.gate.Store.Scope() {
 		t.Error("two handlers with the same max_memory got different stores")
 	}
-	if small.store == def.store {
+	if small.gate.Store.Scope() == def.gate.Store.Scope() {
 		t.Error("handlers with different max_memory share a store")
 	}
 
@@ -35,10 +35,10 @@ func TestEmbeddedStoreMemoryBudget(t *testing.T) {
 	}
 	// A bucket with a ~30-byte key counts about 160 bytes, so 1 MiB holds
 	// at most ~6,600 of them; the default budget holds all 20,000.
-	if n := small.store.(*limiter.MemoryStore).Len(); n < 3000 || n > 1<<20/150 {
+	if n := small.gate.Store.(*gate.Memory).MemoryStore().Len(); n < 3000 || n > 1<<20/150 {
 		t.Errorf("1 MiB store holds %d buckets, want 3000 to %d", n, 1<<20/150)
 	}
-	if n := def.store.(*limiter.MemoryStore).Len(); n != tenants {
+	if n := def.gate.Store.(*gate.Memory).MemoryStore().Len(); n != tenants {
 		t.Errorf("default store holds %d buckets, want %d", n, tenants)
 	}
 }

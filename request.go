@@ -14,16 +14,14 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/tollgate/caddy-tollgate/config"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // policyRuntime is a provisioned policy: the engine's Policy plus what the
 // Caddy layer needs to map a request onto it.
 type policyRuntime struct {
-	policy *limiter.Policy
-	// name is the policy's name as configured (a caddy-ratelimit zone name
-	// may be any string); policy.Name is the engine's (internalName).
-	name     string
+	*gate.Policy
 	matchers caddyhttp.MatcherSets
 	// key is the placeholder template of the partition key, or of the
 	// tenant when the handler sets no tenant template.
@@ -33,11 +31,6 @@ type policyRuntime struct {
 	costTemplate template
 	ipv4Prefix   int
 	ipv6Prefix   int
-	// allOrNothing: charged only when the whole request is admitted (else
-	// as a caddy-ratelimit zone; see chargeZones).
-	allOrNothing bool
-	// label and header are name as a metric label and inside a header.
-	label, header string
 	// Header values of the policy's own limit, rendered once.
 	ownPolicyHeader string
 	ownLimitHeader  string
@@ -50,8 +43,6 @@ type policyRuntime struct {
 	// calendarHeader caches the RateLimit-Policy value of a calendar
 	// policy's own limit for the current period.
 	calendarHeader calendarHeaderCache
-	// near is the near_limit fraction of the policy.
-	near float64
 	// meter reads the real cost from the response (cost_after); nil when
 	// the policy is not metered.
 	meter  *config.Meter

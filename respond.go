@@ -18,21 +18,17 @@ import (
 
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
-
-// maxLoggedValue bounds tenant and key values in log lines and event
-// data, so a hostile header cannot blow up the logs.
-const maxLoggedValue = 128
 
 // precomputeHeaders renders the header values of the policy's own limit
 // once; tiers and overrides are rendered per request.
 func (p *policyRuntime) precomputeHeaders() {
-	p.label, p.header = config.MetricLabel(p.name), config.HeaderName(p.name)
-	p.ownPolicyHeader = policyHeader(p.header, p.policy.Algorithm, p.policy.Limit.Rate)
-	p.ownLimitHeader = strconv.FormatInt(p.policy.Limit.Limit, 10)
-	p.nameValue = p.name
-	p.limitValue = p.policy.Limit.Limit
+	p.ownPolicyHeader = policyHeader(p.Header, p.Engine.Algorithm, p.Engine.Limit.Rate)
+	p.ownLimitHeader = strconv.FormatInt(p.Engine.Limit.Limit, 10)
+	p.nameValue = p.Name
+	p.limitValue = p.Engine.Limit.Limit
 }
 
 // policyHeader renders an IETF RateLimit-Policy item: "name";q=limit;w=secs
@@ -103,7 +99,7 @@ func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
 		if v.ShadowDenied() {
-			st.shadow = append(st.shadow, st.policies[i].name)
+			st.shadow = append(st.shadow, st.policies[i].Name)
 			h.logShadowDenial(st.policies[i], &st.items[i], v)
 		} else if v.Limit.Shadow && v.Result.Wait > 0 {
 			h.logShadowDelay(st.policies[i], &st.items[i], v)
@@ -179,7 +175,7 @@ func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Ver
 	// "name";r=R;t=T, then R and T alone.
 	var buf [160]byte
 	b := append(buf[:0], '"')
-	b = append(b, p.header...)
+	b = append(b, p.Header...)
 	b = append(b, `";r=`...)
 	b = strconv.AppendInt(b, v.Result.Remaining, 10)
 	b = append(b, ";t="...)
@@ -200,8 +196,8 @@ func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Ver
 	if ietf {
 		pol := p.ownPolicyHeader
 		if v.Source != limiter.SourcePolicy {
-			pol = policyHeader(p.header, p.policy.Algorithm, v.Limit.Rate)
-		} else if p.policy.Limit.Calendar != nil {
+			pol = policyHeader(p.Header, p.Engine.Algorithm, v.Limit.Rate)
+		} else if p.Engine.Limit.Calendar != nil {
 			pol = p.calendarHeader.get(p, time.Now())
 		}
 		set(hdrPolicy, pol)
@@ -268,30 +264,30 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	ip := remoteIP(r)
 	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit exceeded"); ce != nil {
 		fields := make([]zap.Field, 0, 10)
-		fields = append(fields, zap.String("zone", p.name), zap.Duration("wait", wait), zap.String("remote_ip", ip))
+		fields = append(fields, zap.String("zone", p.Name), zap.Duration("wait", wait), zap.String("remote_ip", ip))
 		ce.Write(h.decisionFields(fields, p, it, v, secs)...)
 	}
-	if h.denials != nil {
-		h.recordDenial(p, it, v, secs)
+	if ds := h.gate.Store.Denials(); ds != nil {
+		h.recordDenial(ds, p, it, v, secs)
 	}
 	if h.events != nil {
 		data := map[string]any{
-			"zone":        p.name,
+			"zone":        p.Name,
 			"wait":        wait,
 			"remote_ip":   ip,
-			"policy":      p.name,
+			"policy":      p.Name,
 			"limit":       v.Limit.Limit,
 			"retry_after": secs,
 		}
 		if h.Tenant != "" {
-			data["tenant"] = loggable(it.Tenant)
+			data["tenant"] = gate.Loggable(it.Tenant)
 		}
 		if h.LogKey {
-			data["key"] = loggable(h.bucketKey(it))
+			data["key"] = gate.Loggable(h.bucketKey(it))
 		}
 		h.events.Emit(h.ctx, "rate_limit_exceeded", data)
 	}
-	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded: policy %s", p.name))
+	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded: policy %s", p.Name))
 }
 
 // bucketKey is the key a request was counted under, what log_key logs: the
@@ -306,23 +302,23 @@ func (h *Handler) bucketKey(it *limiter.Item) string {
 // recordDenial queues the stream entry of an enforced denial. Called on
 // the 429 path: a struct copy into a channel, no I/O. The key-as-tenant of
 // a handler without tenant is written only with log_key, like in logs.
-func (h *Handler) recordDenial(p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) {
+func (h *Handler) recordDenial(ds *fleet.DenialStream, p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) {
 	e := fleet.Denial{
 		TS:         time.Now().UnixMilli(),
-		Policy:     p.name,
+		Policy:     p.Name,
 		Limit:      v.Limit.Limit,
 		RetryAfter: retryAfter,
 	}
 	switch {
 	case h.Tenant != "":
-		e.Tenant = loggable(it.Tenant)
+		e.Tenant = gate.Loggable(it.Tenant)
 		if h.LogKey {
-			e.Key = loggable(it.Part)
+			e.Key = gate.Loggable(it.Part)
 		}
 	case h.LogKey:
-		e.Tenant = loggable(it.Tenant)
+		e.Tenant = gate.Loggable(it.Tenant)
 	}
-	h.denials.Add(e)
+	ds.Add(e)
 }
 
 var errMissingTenant = errors.New("rate limit: request has no tenant (missing_tenant deny)")
@@ -391,12 +387,7 @@ func (h *Handler) waitTurn(r *http.Request, st *requestState) error {
 	case <-r.Context().Done():
 		t.Stop()
 	}
-	var err error
-	if h.stack != nil {
-		err = h.stack.Cancel(context.WithoutCancel(r.Context()), &st.decision)
-	} else {
-		err = st.decision.Cancel(context.WithoutCancel(r.Context()), limiter.Fallback{})
-	}
+	err := h.gate.Store.Cancel(context.WithoutCancel(r.Context()), &st.decision)
 	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit: client went away while waiting for its turn; turn given back"); ce != nil {
 		ce.Write(zap.Duration("delay", st.wait), zap.Error(err))
 	}
@@ -414,29 +405,19 @@ const statusClientClosedRequest = 499
 // (without one, the tenant is the key and follows the key's rule).
 func (h *Handler) decisionFields(fields []zap.Field, p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) []zap.Field {
 	if h.Tenant != "" {
-		fields = append(fields, zap.String("tenant", loggable(it.Tenant)))
+		fields = append(fields, zap.String("tenant", gate.Loggable(it.Tenant)))
 	}
 	fields = append(fields,
-		zap.String("policy", p.name),
+		zap.String("policy", p.Name),
 		zap.Int64("limit", v.Limit.Limit),
 		zap.Int64("remaining", v.Result.Remaining),
 		zap.Int64("retry_after", retryAfter),
 		zap.String("limit_source", v.Source.String()),
 	)
 	if h.LogKey {
-		fields = append(fields, zap.String("key", loggable(h.bucketKey(it))))
+		fields = append(fields, zap.String("key", gate.Loggable(h.bucketKey(it))))
 	}
 	return fields
-}
-
-// loggable bounds a client-controlled value for logs: at most
-// maxLoggedValue bytes, with the original length noted when cut. The JSON
-// and console encoders escape control bytes themselves.
-func loggable(s string) string {
-	if len(s) <= maxLoggedValue {
-		return s
-	}
-	return s[:maxLoggedValue] + "...(" + strconv.Itoa(len(s)) + " bytes)"
 }
 
 // storeWarningInterval is the least time between two store failure logs,

@@ -53,7 +53,7 @@ func (h *Handler) chargeZones(ctx context.Context, st *requestState) {
 		zoneCharges.Put(zc)
 	}()
 	for i := range st.items {
-		if !st.policies[i].allOrNothing && d.Verdicts[i].Enforced() {
+		if !st.policies[i].AllOrNothing && d.Verdicts[i].Enforced() {
 			zc.order = append(zc.order, i)
 		}
 	}
@@ -72,17 +72,11 @@ func (h *Handler) chargeZones(ctx context.Context, st *requestState) {
 		return
 	}
 	cd := &zc.decision
-	cd.Overrides = h.overrides
+	cd.Overrides = h.gate.Store.Overrides().Table()
 	// The request is denied: a zone that could only admit it later (a
 	// delay) must not take a turn nobody will use.
 	cd.NoDelay = true
-	var err error
-	if h.Redis == nil {
-		err = cd.Decide(ctx, h.store, zc.items)
-	} else {
-		err = h.stack.Decide(ctx, cd, zc.items)
-	}
-	if err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
+	if err := h.gate.Store.Decide(ctx, cd, zc.items); err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
 		h.storeFailed(err)
 	}
 }

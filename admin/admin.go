@@ -1,4 +1,4 @@
-package tollgate
+package admin
 
 import (
 	"encoding/json"
@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -53,8 +54,8 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 // requests that may use it.
 func locked(f caddy.AdminHandlerFunc) caddy.AdminHandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		handlersMu.RLock()
-		defer handlersMu.RUnlock()
+		gate.RLock()
+		defer gate.RUnlock()
 		return f(w, r)
 	}
 }
@@ -86,12 +87,7 @@ func (adminAPI) notFound(w http.ResponseWriter, r *http.Request) error {
 	return apiError(http.StatusNotFound, "no such rate_limit route: %s", r.URL.Path)
 }
 
-func (h *Handler) storeKind() string {
-	if h.Redis != nil {
-		return "redis"
-	}
-	return "memory"
-}
+func storeKind(h *gate.Gate) string { return h.Store.Status().Kind }
 
 type policyStatus struct {
 	Name      string `json:"name"`
@@ -132,38 +128,32 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 	out := struct {
 		Handlers []handlerStatus `json:"handlers"`
 	}{Handlers: []handlerStatus{}}
-	for _, h := range liveHandlers() {
-		hs := handlerStatus{Store: h.storeKind(), Instances: 1, Policies: []policyStatus{}}
-		var leaseStats map[string]limiter.LeaseStats
-		if h.stack != nil {
-			leaseStats = h.stack.LeaseStats()
-		}
-		if b := h.backend; b != nil {
-			hs.KeyPrefix = b.Prefix()
-			hs.BreakerOpen = b.Store().Open()
-			hs.Instances = b.Instances()
-		}
-		for _, p := range h.policies {
+	for _, h := range gate.Gates() {
+		hs := handlerStatus{Store: storeKind(h), Policies: []policyStatus{}}
+		st := h.Store.Status()
+		leaseStats := st.Leases
+		hs.KeyPrefix, hs.BreakerOpen, hs.Instances = st.KeyPrefix, st.BreakerOpen, st.Instances
+		for _, p := range h.Policies {
 			ps := policyStatus{
-				Name:      p.policy.Name,
-				Algorithm: p.policy.Algorithm.String(),
-				Limit:     p.policy.Limit.Limit,
-				Burst:     p.policy.Limit.Burst,
-				Shadow:    p.policy.Limit.Shadow,
-				FailMode:  p.policy.FailMode.String(),
+				Name:      p.Engine.Name,
+				Algorithm: p.Engine.Algorithm.String(),
+				Limit:     p.Engine.Limit.Limit,
+				Burst:     p.Engine.Limit.Burst,
+				Shadow:    p.Engine.Limit.Shadow,
+				FailMode:  p.Engine.FailMode.String(),
 			}
-			if d := p.policy.Limit.Delay; d > 0 {
+			if d := p.Engine.Limit.Delay; d > 0 {
 				ps.Delay = d.String()
 			}
-			if ps.Calendar = calendarText(p.policy.Limit.Rate); ps.Calendar == "" && p.policy.Limit.Window > 0 {
-				ps.Window = p.policy.Limit.Window.String()
+			if ps.Calendar = calendarText(p.Engine.Limit.Rate); ps.Calendar == "" && p.Engine.Limit.Window > 0 {
+				ps.Window = p.Engine.Limit.Window.String()
 			}
-			if l := p.policy.Lease; l.Enabled() && leaseStats != nil {
+			if l := p.Engine.Lease; l.Enabled() && leaseStats != nil {
 				ttl := l.TTL
 				if ttl <= 0 {
 					ttl = limiter.DefaultLeaseTTL
 				}
-				ps.Lease = &leaseStatus{MaxTokens: l.Max, TTL: ttl.String(), LeaseStats: leaseStats[p.policy.Name]}
+				ps.Lease = &leaseStatus{MaxTokens: l.Max, TTL: ttl.String(), LeaseStats: leaseStats[p.Engine.Name]}
 			}
 			hs.Policies = append(hs.Policies, ps)
 		}
@@ -208,8 +198,8 @@ func tenantQuery(r *http.Request) (tenant, tier, policy string, err error) {
 }
 
 // tierOf is the tier of tenant as tenant_tiers says, else the tier given.
-func (h *Handler) tierOf(tenant, given string) (string, string) {
-	if t, ok := h.TenantTiers[tenant]; ok {
+func tierOf(h *gate.Gate, tenant, given string) (string, string) {
+	if t, ok := h.Config.TenantTiers[tenant]; ok {
 		return t, "tenant_tiers"
 	}
 	if given != "" {
@@ -219,23 +209,23 @@ func (h *Handler) tierOf(tenant, given string) (string, string) {
 }
 
 // resolve returns the limit of tenant in p as a request would see it.
-func (h *Handler) resolve(p *policyRuntime, tenant, tier string) (limiter.Limit, limiter.Source) {
-	if l, ok := h.overrides.Lookup(p.policy, tenant); ok {
+func resolve(h *gate.Gate, p *gate.Policy, tenant, tier string) (limiter.Limit, limiter.Source) {
+	if l, ok := h.Store.Overrides().Table().Lookup(p.Engine, tenant); ok {
 		return l, limiter.SourceRuntimeOverride
 	}
-	return p.policy.Resolve(tenant, tier)
+	return p.Engine.Resolve(tenant, tier)
 }
 
-func (h *Handler) effectiveOf(p *policyRuntime, tenant, tier string) (effective, limiter.Limit) {
-	l, src := h.resolve(p, tenant, tier)
+func effectiveOf(h *gate.Gate, p *gate.Policy, tenant, tier string) (effective, limiter.Limit) {
+	l, src := resolve(h, p, tenant, tier)
 	e := effective{
-		Policy:    p.policy.Name,
-		Algorithm: p.policy.Algorithm.String(),
+		Policy:    p.Engine.Name,
+		Algorithm: p.Engine.Algorithm.String(),
 		Unlimited: l.Unlimited,
 		Shadow:    l.Shadow,
-		FailMode:  p.policy.FailMode.String(),
+		FailMode:  p.Engine.FailMode.String(),
 		Source:    src.String(),
-		Store:     h.storeKind(),
+		Store:     storeKind(h),
 	}
 	if !l.Unlimited {
 		e.Limit, e.Burst = l.Limit, l.Burst
@@ -253,14 +243,14 @@ func (h *Handler) effectiveOf(p *policyRuntime, tenant, tier string) (effective,
 
 // selectPolicies returns the (handler, policy) pairs named policy (all
 // when empty); 400 when a name matches nothing.
-func selectPolicies(policy string) ([]*Handler, [][]*policyRuntime, error) {
-	var hs []*Handler
-	var ps [][]*policyRuntime
+func selectPolicies(policy string) ([]*gate.Gate, [][]*gate.Policy, error) {
+	var hs []*gate.Gate
+	var ps [][]*gate.Policy
 	found := false
-	for _, h := range liveHandlers() {
-		var sel []*policyRuntime
-		for _, p := range h.policies {
-			if policy == "" || p.policy.Name == policy {
+	for _, h := range gate.Gates() {
+		var sel []*gate.Policy
+		for _, p := range h.Policies {
+			if policy == "" || p.Engine.Name == policy {
 				sel = append(sel, p)
 				found = true
 			}
@@ -306,17 +296,17 @@ func tenantRoute(w http.ResponseWriter, r *http.Request, usage bool) error {
 	part := r.URL.Query().Get("key")
 	rep := tenantReport{Tenant: tenant, Policies: []effective{}}
 	for i, h := range hs {
-		tier, tierSrc := h.tierOf(tenant, givenTier)
+		tier, tierSrc := tierOf(h, tenant, givenTier)
 		if tier != "" {
 			rep.Tier, rep.TierSource = tier, tierSrc
-		} else if h.Tier != "" {
+		} else if h.Config.Tier != "" {
 			rep.Note = tierNote
 		}
 		for _, p := range ps[i] {
-			e, l := h.effectiveOf(p, tenant, tier)
+			e, l := effectiveOf(h, p, tenant, tier)
 			if usage {
-				if err := h.peek(r, p, tenant, part, l, &e); err != nil {
-					return apiError(http.StatusServiceUnavailable, "reading usage of policy %s: %v", p.policy.Name, err)
+				if err := peek(h, r, p, tenant, part, l, &e); err != nil {
+					return apiError(http.StatusServiceUnavailable, "reading usage of policy %s: %v", p.Engine.Name, err)
 				}
 			}
 			rep.Policies = append(rep.Policies, e)
@@ -327,21 +317,21 @@ func tenantRoute(w http.ResponseWriter, r *http.Request, usage bool) error {
 
 // peek fills the remaining budget and reset of e without charging: the
 // store is asked with cost 0.
-func (h *Handler) peek(r *http.Request, p *policyRuntime, tenant, part string, l limiter.Limit, e *effective) error {
+func peek(h *gate.Gate, r *http.Request, p *gate.Policy, tenant, part string, l limiter.Limit, e *effective) error {
 	if l.Unlimited {
 		return nil
 	}
 	checks := []limiter.Check{{
-		Algorithm: p.policy.Algorithm,
+		Algorithm: p.Engine.Algorithm,
 		Tenant:    tenant,
-		Policy:    p.policy.Name,
+		Policy:    p.Engine.Name,
 		Part:      part,
 		Rate:      l.Rate,
 		Cost:      0,
 		Shadow:    l.Shadow,
 	}}
 	results := make([]limiter.Result, 1)
-	if err := h.store.Peek(r.Context(), checks, results); err != nil {
+	if err := h.Store.Peek(r.Context(), checks, results); err != nil {
 		return err
 	}
 	rem := results[0].Remaining
@@ -366,19 +356,11 @@ func (adminAPI) reset(w http.ResponseWriter, r *http.Request) error {
 	// handler on it (and every handler's leases dropped).
 	done := map[any]bool{}
 	for i, h := range hs {
-		if len(ps[i]) == 0 {
+		if len(ps[i]) == 0 || done[h.Store.Scope()] {
 			continue
 		}
-		var err error
-		switch {
-		case h.backend != nil && !done[h.backend]:
-			done[h.backend] = true
-			err = h.backend.Reset(r.Context(), tenant, policy, r.RemoteAddr)
-		case h.backend == nil && !done[h.store]:
-			done[h.store] = true
-			err = h.store.Reset(r.Context(), tenant, policy)
-		}
-		if err != nil {
+		done[h.Store.Scope()] = true
+		if err := h.Store.Reset(r.Context(), tenant, policy, r.RemoteAddr); err != nil {
 			return apiError(http.StatusServiceUnavailable, "resetting: %v", err)
 		}
 	}
@@ -412,16 +394,16 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 		count = n
 	}
 	// Entries store the tenant cut as in logs.
-	want := loggable(tenant)
-	seen := map[*fleet.Backend]bool{}
+	want := gate.Loggable(tenant)
+	seen := map[*fleet.DenialStream]bool{}
 	out := []map[string]any{}
-	for _, h := range liveHandlers() {
-		b := h.backend
-		if b == nil || seen[b] {
+	for _, h := range gate.Gates() {
+		ds := h.Store.Denials()
+		if ds == nil || seen[ds] {
 			continue
 		}
-		seen[b] = true
-		entries, err := b.Denials().Recent(r.Context(), want, count-len(out), maxDenialsScanned)
+		seen[ds] = true
+		entries, err := ds.Recent(r.Context(), want, count-len(out), maxDenialsScanned)
 		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "reading the denial stream: %v", err)
 		}
@@ -431,7 +413,7 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if len(seen) == 0 {
-		return apiError(http.StatusNotFound, "denials: no handler uses a redis block, so there is no denial stream")
+		return apiError(http.StatusNotFound, "denials: no handler uses a redis block with denials_stream, so there is no denial stream")
 	}
 	return writeJSON(w, map[string]any{"tenant": tenant, "denials": out})
 }
@@ -440,9 +422,9 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 // lists the names that exist.
 func unknownPolicy(name string) error {
 	var names []string
-	for _, h := range liveHandlers() {
-		for _, p := range h.policies {
-			names = append(names, p.policy.Name)
+	for _, h := range gate.Gates() {
+		for _, p := range h.Policies {
+			names = append(names, p.Engine.Name)
 		}
 	}
 	slices.Sort(names)
@@ -450,35 +432,24 @@ func unknownPolicy(name string) error {
 	return apiError(http.StatusBadRequest, "unknown policy %q (policies: %s)", name, strings.Join(names, ", "))
 }
 
-// overrideTarget is a store of runtime overrides and the handlers that
-// use it.
-type overrideTarget struct {
-	table *fleet.OverrideTable
-	redis *fleet.OverrideSync
-}
-
 // overrideTargets returns the distinct override stores of handlers that
 // have policy (any policy when empty), and the policy itself for
 // validation.
-func overrideTargets(policy string) ([]overrideTarget, []*limiter.Policy) {
-	seen := map[*fleet.OverrideTable]bool{}
-	var out []overrideTarget
+func overrideTargets(policy string) ([]gate.Overrides, []*limiter.Policy) {
+	seen := map[any]bool{}
+	var out []gate.Overrides
 	var pols []*limiter.Policy
-	for _, h := range liveHandlers() {
-		for _, p := range h.policies {
-			if policy != "" && p.policy.Name != policy {
+	for _, h := range gate.Gates() {
+		for _, p := range h.Policies {
+			if policy != "" && p.Engine.Name != policy {
 				continue
 			}
-			pols = append(pols, p.policy)
-			if seen[h.overrides] {
+			pols = append(pols, p.Engine)
+			if seen[h.Store.Scope()] {
 				continue
 			}
-			seen[h.overrides] = true
-			t := overrideTarget{table: h.overrides}
-			if h.backend != nil {
-				t.redis = h.backend.Overrides()
-			}
-			out = append(out, t)
+			seen[h.Store.Scope()] = true
+			out = append(out, h.Store.Overrides())
 		}
 	}
 	return out, pols
@@ -493,7 +464,7 @@ func (adminAPI) overrides(w http.ResponseWriter, r *http.Request) error {
 		type key struct{ tenant, policy string }
 		seen := map[key]bool{}
 		for _, t := range targets {
-			for _, o := range t.table.List(q.Get("tenant")) {
+			for _, o := range t.Table().List(q.Get("tenant")) {
 				k := key{o.Tenant, o.Policy}
 				if (q.Get("policy") == "" || o.Policy == q.Get("policy")) && !seen[k] {
 					seen[k] = true
@@ -555,7 +526,7 @@ func putOverride(w http.ResponseWriter, r *http.Request) error {
 	var old fleet.Override
 	var had bool
 	for _, t := range targets {
-		if o2, h2, err := t.apply(r, o.Tenant, o.Policy, &o); err != nil {
+		if o2, h2, err := t.Store(r.Context(), o.Tenant, o.Policy, &o, r.RemoteAddr); err != nil {
 			return apiError(http.StatusServiceUnavailable, "storing override: %v", err)
 		} else if h2 {
 			old, had = o2, true
@@ -601,7 +572,7 @@ func deleteOverride(w http.ResponseWriter, r *http.Request) error {
 	}
 	found := false
 	for _, t := range targets {
-		_, had, err := t.apply(r, tenant, policy, nil)
+		_, had, err := t.Store(r.Context(), tenant, policy, nil, r.RemoteAddr)
 		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "deleting override: %v", err)
 		}
@@ -611,13 +582,4 @@ func deleteOverride(w http.ResponseWriter, r *http.Request) error {
 		return apiError(http.StatusNotFound, "no runtime override for tenant %q in policy %q", tenant, policy)
 	}
 	return writeJSON(w, map[string]any{"deleted": true, "tenant": tenant, "policy": policy})
-}
-
-// apply stores o (nil: deletes) in the target.
-func (t overrideTarget) apply(r *http.Request, tenant, policy string, o *fleet.Override) (fleet.Override, bool, error) {
-	if t.redis != nil {
-		return t.redis.Store(r.Context(), tenant, policy, o, r.RemoteAddr)
-	}
-	old, had := t.table.Set(tenant, policy, o)
-	return old, had, nil
 }

@@ -1,4 +1,4 @@
-package tollgate
+package gate
 
 import (
 	"context"
@@ -37,3 +37,7 @@ func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 	redisLogLast.Store(format, now)
 	caddy.Log().Named("redis").Warn(strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
 }
+
+// ClearRedisLogThrottle forgets when each kind of go-redis line was last
+// logged, so the next one is (tests).
+func ClearRedisLogThrottle() { redisLogLast.Clear() }

@@ -1,4 +1,4 @@
-package tollgate
+package gate
 
 import (
 	"strconv"
@@ -63,3 +63,8 @@ func loadFallbackStore() (limiter.Store, string, error) {
 // memoryOverrides holds the runtime overrides of handlers on the embedded
 // store: process-wide, lost on restart.
 var memoryOverrides = fleet.NewOverrideTable()
+
+// memoryNearLimit is the near-limit board of handlers on the embedded
+// store: process-wide, so it survives config reloads (as the embedded
+// store does).
+var memoryNearLimit = fleet.NewNearLimitBoard()
