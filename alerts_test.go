@@ -200,7 +200,7 @@ func checkExprMetrics(t *testing.T, where, expr string) []string {
 			t.Errorf("%s: %s is not a metric Tollgate exports", where, m[1])
 			continue
 		}
-		allowed := append(slices.Clone(info.labels), targetLabels...)
+		allowed := append(slices.Clone(info.Labels), targetLabels...)
 		if strings.HasSuffix(m[1], "_bucket") && m[1] != family {
 			allowed = append(allowed, "le")
 		}
@@ -208,7 +208,7 @@ func checkExprMetrics(t *testing.T, where, expr string) []string {
 		for _, mm := range matcherPattern.FindAllStringSubmatch(m[2], -1) {
 			name, op, value := mm[1], mm[2], mm[3]
 			if !slices.Contains(allowed, name) {
-				t.Errorf("%s: %s has no label %q (labels: %v)", where, m[1], name, info.labels)
+				t.Errorf("%s: %s has no label %q (labels: %v)", where, m[1], name, info.Labels)
 				continue
 			}
 			checkLabelValue(t, where, name, op, value)

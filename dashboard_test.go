@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/caddy-tollgate/limiter"
+	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
 // targetLabels are attached by Prometheus to every scraped series.
@@ -18,10 +19,10 @@ var targetLabels = []string{"instance", "job"}
 // knownLabelValues are the values a dashboard may match for the labels
 // whose values Tollgate fixes.
 var knownLabelValues = map[string][]string{
-	"decision": decisionNames[:],
-	"source":   sourceNames[:],
+	"decision": metrics.DecisionNames(),
+	"source":   metrics.SourceNames(),
 	"result":   {"ok", "error", "timeout", "noscript"},
-	"script":   redisScripts[:],
+	"script":   metrics.RedisScripts(),
 	"event":    leaseEventNames(),
 }
 
@@ -43,8 +44,8 @@ var (
 
 // familyOf maps a series name in PromQL to its family in the catalog:
 // histograms are queried through _bucket, _sum and _count.
-func familyOf(series string) (string, metricInfo, bool) {
-	if info, ok := metricCatalog[series]; ok {
+func familyOf(series string) (string, metrics.Family, bool) {
+	if info, ok := metrics.Catalog()[series]; ok {
 		return series, info, true
 	}
 	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
@@ -52,11 +53,11 @@ func familyOf(series string) (string, metricInfo, bool) {
 		if !ok {
 			continue
 		}
-		if info, ok := metricCatalog[base]; ok && info.kind == "histogram" {
+		if info, ok := metrics.Catalog()[base]; ok && info.Kind == "histogram" {
 			return base, info, true
 		}
 	}
-	return "", metricInfo{}, false
+	return "", metrics.Family{}, false
 }
 
 // dashboardQueries returns every PromQL expression of the dashboard
@@ -112,7 +113,7 @@ func TestDashboardMatchesMetrics(t *testing.T) {
 				continue
 			}
 			used[family] = true
-			allowed := append(slices.Clone(info.labels), targetLabels...)
+			allowed := append(slices.Clone(info.Labels), targetLabels...)
 			if strings.HasSuffix(m[1], "_bucket") && m[1] != family {
 				allowed = append(allowed, "le")
 			}
@@ -120,7 +121,7 @@ func TestDashboardMatchesMetrics(t *testing.T) {
 			for _, mm := range matcherPattern.FindAllStringSubmatch(m[2], -1) {
 				name, op, value := mm[1], mm[2], mm[3]
 				if !slices.Contains(allowed, name) {
-					t.Errorf("%s: %s has no label %q (labels: %v)", where, m[1], name, info.labels)
+					t.Errorf("%s: %s has no label %q (labels: %v)", where, m[1], name, info.Labels)
 					continue
 				}
 				checkLabelValue(t, where, name, op, value)
@@ -139,7 +140,7 @@ func TestDashboardMatchesMetrics(t *testing.T) {
 			}
 		}
 	}
-	for family := range metricCatalog {
+	for family := range metrics.Catalog() {
 		if !used[family] {
 			t.Errorf("no panel shows %s", family)
 		}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/caddy-tollgate/config"
@@ -27,11 +26,7 @@ import (
 // droppedDenials reads caddy_rate_limit_denials_dropped_total{reason}.
 func droppedDenials(t testing.TB, reason string) float64 {
 	t.Helper()
-	var m dto.Metric
-	if err := collectors.denialsDropped.WithLabelValues(reason).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
+	return gathered(t, "caddy_rate_limit_denials_dropped_total", "reason", reason)
 }
 
 func allDroppedDenials(t testing.TB) float64 {

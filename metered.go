@@ -304,7 +304,7 @@ func (h *Handler) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 			// Charged only the up-front cost.
 			p := st.policies[i]
 			if why != missingNoResponse && why != missingBodiless && h.metrics != nil {
-				p.metrics.costMissing.Inc()
+				h.metrics.CostMissing(p.index)
 			}
 			if ce := h.logger.Check(zapcore.DebugLevel, "metered cost missing; charged the up-front cost only"); ce != nil {
 				ce.Write(zap.String("policy", p.Name), zap.String("reason", why), zap.Int64("cost", st.items[i].Cost))

@@ -9,6 +9,7 @@ import (
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
+	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
 // caddy-ratelimit's metric families, so its dashboards and alerts keep
@@ -29,19 +30,14 @@ var compatCollectors = struct {
 	keys        *keysCollector
 	config      *prometheus.CounterVec
 }{
-	declined: newCounterVec("declined_requests_total",
+	declined: metrics.NewCounterVec("declined_requests_total",
 		"Requests answered 429, by the zone (policy) that denied them (caddy-ratelimit's family, without its key label).",
 		"zone"),
-	processTime: func() *prometheus.HistogramVec {
-		catalog("process_time_seconds", "histogram", []string{"zone"})
-		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: "process_time_seconds",
-			Help:    "Time taken to decide a request, by the zone (policy) the response describes (caddy-ratelimit's family, without its key label).",
-			Buckets: processTimeBuckets,
-		}, []string{"zone"})
-	}(),
+	processTime: metrics.NewHistogramVec("process_time_seconds",
+		"Time taken to decide a request, by the zone (policy) the response describes (caddy-ratelimit's family, without its key label).",
+		processTimeBuckets, "zone"),
 	keys: newKeysCollector(),
-	config: newCounterVec("config",
+	config: metrics.NewCounterVec("config",
 		"Zone (policy) configurations, counted once per load (caddy-ratelimit's family).",
 		"zone", "max_events", "window", "ipv4_prefix", "ipv6_prefix"),
 }
@@ -90,11 +86,10 @@ type keysCollector struct {
 }
 
 func newKeysCollector() *keysCollector {
-	catalog("keys_total", "gauge", []string{"zone"})
-	return &keysCollector{desc: prometheus.NewDesc(
-		prometheus.BuildFQName(metricsNamespace, metricsSubsystem, "keys_total"),
+	return metrics.Define("keys_total", "gauge", []string{"zone"}, &keysCollector{desc: prometheus.NewDesc(
+		metrics.FQName("keys_total"),
 		"Buckets (keys) each zone (policy) holds in the embedded store, expired ones not yet swept included (caddy-ratelimit's family).",
-		[]string{"zone"}, nil)}
+		[]string{"zone"}, nil)})
 }
 
 // Describe implements prometheus.Collector.

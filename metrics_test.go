@@ -23,38 +23,39 @@ import (
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 	"github.com/tollgate/caddy-tollgate/limiter"
+	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
 // The metric families: names, types and labels are a
 // contract.
 func TestMetricCatalogIsTheDesign(t *testing.T) {
-	want := map[string]metricInfo{
-		"caddy_rate_limit_requests_total":            {"counter", []string{"policy", "decision"}},
-		"caddy_rate_limit_decision_duration_seconds": {"histogram", []string{"policy", "source"}},
-		"caddy_rate_limit_redis_calls_total":         {"counter", []string{"script", "result"}},
-		"caddy_rate_limit_redis_duration_seconds":    {"histogram", []string{"script"}},
-		"caddy_rate_limit_lease_units_total":         {"counter", []string{"policy", "event"}},
-		"caddy_rate_limit_breaker_open":              {"gauge", nil},
-		"caddy_rate_limit_tenant_requests_total":     {"counter", []string{"policy", "tenant", "decision"}},
-		"caddy_rate_limit_denials_dropped_total":     {"counter", []string{"reason"}},
-		"caddy_rate_limit_near_limit_total":          {"counter", []string{"policy"}},
-		"caddy_rate_limit_tenant_near_limit_total":   {"counter", []string{"policy", "tenant"}},
-		"caddy_rate_limit_delay_seconds":             {"histogram", []string{"policy"}},
-		"caddy_rate_limit_cost_missing_total":        {"counter", []string{"policy"}},
-		"caddy_rate_limit_redis_queue_seconds":       {"histogram", nil},
-		"caddy_rate_limit_redis_queue_shed_total":    {"counter", nil},
+	want := map[string]metrics.Family{
+		"caddy_rate_limit_requests_total":            {Kind: "counter", Labels: []string{"policy", "decision"}},
+		"caddy_rate_limit_decision_duration_seconds": {Kind: "histogram", Labels: []string{"policy", "source"}},
+		"caddy_rate_limit_redis_calls_total":         {Kind: "counter", Labels: []string{"script", "result"}},
+		"caddy_rate_limit_redis_duration_seconds":    {Kind: "histogram", Labels: []string{"script"}},
+		"caddy_rate_limit_lease_units_total":         {Kind: "counter", Labels: []string{"policy", "event"}},
+		"caddy_rate_limit_breaker_open":              {Kind: "gauge", Labels: nil},
+		"caddy_rate_limit_tenant_requests_total":     {Kind: "counter", Labels: []string{"policy", "tenant", "decision"}},
+		"caddy_rate_limit_denials_dropped_total":     {Kind: "counter", Labels: []string{"reason"}},
+		"caddy_rate_limit_near_limit_total":          {Kind: "counter", Labels: []string{"policy"}},
+		"caddy_rate_limit_tenant_near_limit_total":   {Kind: "counter", Labels: []string{"policy", "tenant"}},
+		"caddy_rate_limit_delay_seconds":             {Kind: "histogram", Labels: []string{"policy"}},
+		"caddy_rate_limit_cost_missing_total":        {Kind: "counter", Labels: []string{"policy"}},
+		"caddy_rate_limit_redis_queue_seconds":       {Kind: "histogram", Labels: nil},
+		"caddy_rate_limit_redis_queue_shed_total":    {Kind: "counter", Labels: nil},
 		// caddy-ratelimit's families, without its unbounded key label.
-		"caddy_rate_limit_declined_requests_total": {"counter", []string{"zone"}},
-		"caddy_rate_limit_process_time_seconds":    {"histogram", []string{"zone"}},
-		"caddy_rate_limit_keys_total":              {"gauge", []string{"zone"}},
-		"caddy_rate_limit_config":                  {"counter", []string{"zone", "max_events", "window", "ipv4_prefix", "ipv6_prefix"}},
+		"caddy_rate_limit_declined_requests_total": {Kind: "counter", Labels: []string{"zone"}},
+		"caddy_rate_limit_process_time_seconds":    {Kind: "histogram", Labels: []string{"zone"}},
+		"caddy_rate_limit_keys_total":              {Kind: "gauge", Labels: []string{"zone"}},
+		"caddy_rate_limit_config":                  {Kind: "counter", Labels: []string{"zone", "max_events", "window", "ipv4_prefix", "ipv6_prefix"}},
 	}
-	if !reflect.DeepEqual(metricCatalog, want) {
-		t.Errorf("metric catalog:\n got %v\nwant %v", metricCatalog, want)
+	if !reflect.DeepEqual(metrics.Catalog(), want) {
+		t.Errorf("metric catalog:\n got %v\nwant %v", metrics.Catalog(), want)
 	}
 	// The catalog describes the collectors that are actually exported.
 	var descs []string
-	for _, c := range allCollectors() {
+	for _, c := range metrics.Collectors() {
 		ch := make(chan *prometheus.Desc, 4)
 		c.Describe(ch)
 		close(ch)
@@ -71,12 +72,12 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		}
 	}
 	wantDecisions := []string{"allowed", "denied", "shadow_denied", "failed_open", "failed_closed", "fallback_allowed", "fallback_denied", "delayed"}
-	if !slices.Equal(decisionNames[:], wantDecisions) {
-		t.Errorf("decisions %v, want %v", decisionNames, wantDecisions)
+	if !slices.Equal(metrics.DecisionNames(), wantDecisions) {
+		t.Errorf("decisions %v, want %v", metrics.DecisionNames(), wantDecisions)
 	}
 	wantSources := []string{"memory", "redis", "lease", "cache", "fallback"}
-	if !slices.Equal(slices.Sorted(slices.Values(sourceNames[:])), slices.Sorted(slices.Values(wantSources))) {
-		t.Errorf("sources %v, want %v", sourceNames, wantSources)
+	if !slices.Equal(slices.Sorted(slices.Values(metrics.SourceNames())), slices.Sorted(slices.Values(wantSources))) {
+		t.Errorf("sources %v, want %v", metrics.SourceNames(), wantSources)
 	}
 }
 
@@ -188,7 +189,7 @@ func (s *scrape) labelValues(name, label string, labelPairs ...string) []string 
 // appears exactly once, and the always-present gauge is there.
 func (s *scrape) checkFamiliesOnce() {
 	s.t.Helper()
-	for name := range metricCatalog {
+	for name := range metrics.Catalog() {
 		n := strings.Count(s.text, "# TYPE "+name+" ")
 		if n > 1 {
 			s.t.Errorf("family %s appears %d times", name, n)
@@ -628,113 +629,12 @@ func BenchmarkRecordDecision(b *testing.B) {
 	}
 }
 
-func TestTenantLabel(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"acme", "acme"},
-		{strings.Repeat("a", 64), strings.Repeat("a", 64)},
-		{strings.Repeat("a", 65), strings.Repeat("a", 64)},
-		{strings.Repeat("a", 63) + "é", strings.Repeat("a", 63)}, // no half rune
-		{"bad\xff\xfe", "bad\uFFFD"},
-		{strings.Repeat("\xff", 100), strings.Repeat("\uFFFD", 1)},
-	} {
-		if got := tenantLabel(tc.in); got != tc.want {
-			t.Errorf("tenantLabel(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-	// Any input is a valid label value of at most 64 bytes.
-	for _, in := range []string{strings.Repeat("\xe2\x82", 50), strings.Repeat("😀", 30), "\x00\x01"} {
-		got := tenantLabel(in)
-		if len(got) > maxTenantLabel {
-			t.Errorf("tenantLabel(%q): %d bytes", in, len(got))
-		}
-		if _, err := collectors.tenantRequests.GetMetricWithLabelValues("label_test", got, "allowed"); err != nil {
-			t.Errorf("tenantLabel(%q) = %q: %v", in, got, err)
-		}
-		collectors.tenantRequests.DeleteLabelValues("label_test", got, "allowed")
-	}
-}
-
-// TestRegisterMetricsTwice: a second handler of the same config, and the
-// next config's registry, register without error; a foreign collector of
-// the same name is an error.
-func TestRegisterMetricsTwice(t *testing.T) {
-	reg := prometheus.NewPedanticRegistry()
-	for range 2 {
-		if err := registerMetrics(reg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := registerMetrics(prometheus.NewPedanticRegistry()); err != nil {
-		t.Fatal(err)
-	}
-	clash := prometheus.NewPedanticRegistry()
-	clash.MustRegister(prometheus.NewCounterVec(prometheus.CounterOpts{Name: "caddy_rate_limit_requests_total", Help: "x"}, []string{"zone", "key"}))
-	if err := registerMetrics(clash); err == nil {
-		t.Error("registering over a different caddy_rate_limit_requests_total: no error")
-	}
-	// Provisioning through Caddy's context registers, and the families
-	// gather cleanly from its pedantic registry.
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	h := &Handler{Handler: config.Handler{RateLimits: map[string]*config.PolicyConfig{"reg_twice": {MaxEvents: 1, Window: caddy.Duration(time.Hour)}}}}
-	if err := h.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer h.Cleanup()
-	fams, err := ctx.GetMetricsRegistry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, f := range fams {
-		if strings.HasPrefix(f.GetName(), "caddy_rate_limit_") {
-			names = append(names, f.GetName())
-		}
-	}
-	if !slices.Contains(names, "caddy_rate_limit_requests_total") || !slices.Contains(names, "caddy_rate_limit_breaker_open") {
-		t.Errorf("gathered %v", names)
-	}
-}
-
-func TestClassify(t *testing.T) {
-	v := func(path limiter.Path, shadow, allowed bool) *limiter.Verdict {
-		return &limiter.Verdict{Path: path, Limit: limiter.Limit{Shadow: shadow}, Result: limiter.Result{Allowed: allowed}}
-	}
-	for _, tc := range []struct {
-		v     *limiter.Verdict
-		redis bool
-		dec   decisionLabel
-		src   sourceLabel
-	}{
-		{v(limiter.PathStore, false, true), false, decisionAllowed, sourceMemory},
-		{v(limiter.PathStore, false, false), false, decisionDenied, sourceMemory},
-		{v(limiter.PathStore, true, false), false, decisionShadowDenied, sourceMemory},
-		{v(limiter.PathStore, true, true), true, decisionAllowed, sourceRedis},
-		{v(limiter.PathStore, false, false), true, decisionDenied, sourceRedis},
-		{v(limiter.PathFailedOpen, false, true), true, decisionFailedOpen, sourceRedis},
-		{v(limiter.PathFailedClosed, false, false), true, decisionFailedClosed, sourceRedis},
-		{v(limiter.PathFallback, false, true), true, decisionFallbackAllowed, sourceFallback},
-		{v(limiter.PathFallback, false, false), true, decisionFallbackDenied, sourceFallback},
-	} {
-		if dec, src := classify(tc.v, tc.redis); dec != tc.dec || src != tc.src {
-			t.Errorf("classify(%+v, redis=%v) = %s/%s, want %s/%s", *tc.v, tc.redis,
-				decisionNames[dec], sourceNames[src], decisionNames[tc.dec], sourceNames[tc.src])
-		}
-	}
-}
-
 // TestBreakerGaugeAfterCleanup: caddy_rate_limit_breaker_open is 1 while
 // a handler's Redis breaker is open and back to 0 once the handler (and
 // so its backend) is gone, as after a reload during an outage; it used to
 // stay at 1 until some other breaker closed.
 func TestBreakerGaugeAfterCleanup(t *testing.T) {
-	gauge := func() float64 {
-		var m dto.Metric
-		if err := collectors.breakerOpen.Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		return m.Gauge.GetValue()
-	}
+	gauge := func() float64 { return gathered(t, "caddy_rate_limit_breaker_open") }
 	var h Handler
 	cfg := `{"redis":{"addresses":["127.0.0.1:1"],"timeout":"100ms","breaker_failures":1,"breaker_cooldown":"1h"},"fail":"open",
 		"tenant":"{http.request.header.X-Tenant}","rate_limits":{"api":{"algorithm":"token_bucket","max_events":10,"window":"1m"}}}`
@@ -761,27 +661,53 @@ func TestBreakerGaugeAfterCleanup(t *testing.T) {
 	}
 }
 
-// TestBreakerAndLeaseHooks: the setters the breaker and leases call.
-func TestBreakerAndLeaseHooks(t *testing.T) {
-	read := func(c prometheus.Metric) *dto.Metric {
-		var m dto.Metric
-		if err := c.Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		return &m
+// TestProvisionRegistersMetrics: provisioning through Caddy's context
+// registers the families, and they gather cleanly from its pedantic
+// registry.
+func TestProvisionRegistersMetrics(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	h := &Handler{Handler: config.Handler{RateLimits: map[string]*config.PolicyConfig{"reg_twice": {MaxEvents: 1, Window: caddy.Duration(time.Hour)}}}}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
 	}
-	// The breaker gauge reads the backends in use (fleet.AnyBreakerOpen,
-	// tested in package fleet): none here.
-	if got := read(collectors.breakerOpen).Gauge.GetValue(); got != 0 {
-		t.Errorf("no backend: breaker gauge %v", got)
+	defer h.Cleanup()
+	fams, err := ctx.GetMetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	for ev := range limiter.NumLeaseEvents {
-		c := collectors.leaseUnits.WithLabelValues("lease_hook", ev.String())
-		before := read(c).Counter.GetValue()
-		observeLeaseUnits("lease_hook", ev, 3)
-		observeLeaseUnits("lease_hook", ev, 0)
-		if got := read(c).Counter.GetValue() - before; got != 3 {
-			t.Errorf("lease units %s: %v, want 3", ev, got)
+	var names []string
+	for _, f := range fams {
+		if strings.HasPrefix(f.GetName(), "caddy_rate_limit_") {
+			names = append(names, f.GetName())
 		}
 	}
+	if !slices.Contains(names, "caddy_rate_limit_requests_total") || !slices.Contains(names, "caddy_rate_limit_breaker_open") {
+		t.Errorf("gathered %v", names)
+	}
+}
+
+// gathered is the value of the series of family name with the label pairs
+// given, read from Tollgate's collectors (process-wide) through a registry
+// of their own.
+func gathered(t testing.TB, name string, labelPairs ...string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := metrics.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{}
+	for i := 0; i+1 < len(labelPairs); i += 2 {
+		labels[labelPairs[i]] = labelPairs[i+1]
+	}
+	byName := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		byName[f.GetName()] = f
+	}
+	v, _ := metricValue(byName, name, labels)
+	return v
 }

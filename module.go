@@ -10,6 +10,7 @@ import (
 	"time"
 
 	_ "github.com/tollgate/caddy-tollgate/admin"
+	"github.com/tollgate/caddy-tollgate/metrics"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -67,7 +68,7 @@ type Handler struct {
 	// tenant and tier are the Tenant and Tier templates, compiled.
 	tenant, tier template
 	// metrics is nil when metrics are disabled.
-	metrics *handlerMetrics
+	metrics *metrics.Handler
 	// peers is the handler's hold on its distributed exchange, or nil.
 	peers *peerAttachment
 	// cleanedUp: Cleanup has run.
@@ -152,7 +153,7 @@ func (h *Handler) openStore(ctx caddy.Context) (gate.Store, error) {
 			o.Lease = o.Lease || p.Engine.Lease.Enabled()
 		}
 		if h.metrics != nil {
-			o.Hooks.Observer, o.ObserveLease = metricsObserver{}, observeLeaseUnits
+			o.Hooks.Observer, o.ObserveLease = metrics.Observer{}, metrics.ObserveLeaseUnits
 		}
 		return gate.OpenRedis(o)
 	}
@@ -175,11 +176,12 @@ func (h *Handler) provisionPolicies(ctx caddy.Context, policies []*limiter.Polic
 	h.gate = &gate.Gate{Config: &h.Handler, Policies: gate.NewPolicies(&h.Handler, policies)}
 	h.policies = make([]*policyRuntime, 0, len(policies))
 	var err error
-	for _, gp := range h.gate.Policies {
+	for i, gp := range h.gate.Policies {
 		name := gp.Name
 		pc := h.RateLimits[name]
 		rt := &policyRuntime{
 			Policy:     gp,
+			index:      i,
 			key:        compileTemplate(pc.Key),
 			ipv4Prefix: pc.IPv4Prefix,
 			ipv6Prefix: pc.IPv6Prefix,

@@ -37,9 +37,9 @@ type policyRuntime struct {
 	// nameValue and limitValue are the policy's name and own limit boxed
 	// once, for the replacer: boxing them per request would allocate.
 	nameValue, limitValue any
-	// metrics holds the policy's metric children, resolved at Provision;
-	// compat those of caddy-ratelimit's families.
-	metrics policyMetrics
+	// index is the policy's index in the handler's policies (and its
+	// metrics); compat holds its children of caddy-ratelimit's families.
+	index int
 	// calendarHeader caches the RateLimit-Policy value of a calendar
 	// policy's own limit for the current period.
 	calendarHeader calendarHeaderCache

@@ -1,4 +1,10 @@
-package tollgate
+// Package metrics holds Tollgate's Prometheus metrics. The collectors are
+// created once per process and registered with the metrics registry of
+// every config generation (Caddy makes a new registry on each load), so
+// values continue across reloads and each family appears once on
+// /metrics. Other packages add families of their own (caddy-ratelimit's,
+// package compat) with NewCounterVec, NewHistogramVec and Define.
+package metrics
 
 import (
 	"errors"
@@ -17,10 +23,6 @@ import (
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-// Tollgate's Prometheus metrics. The collectors are created
-// once per process and registered with the metrics registry of every
-// config generation (Caddy makes a new registry on each load), so values
-// continue across reloads and each family appears once on /metrics.
 
 const (
 	metricsNamespace = "caddy"
@@ -86,38 +88,56 @@ var latencyBuckets = []float64{
 	1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1,
 }
 
-// metricInfo describes one exported family, for tests and the dashboard
+// Family describes one exported family, for tests and the dashboard
 // check: its type and label names.
-type metricInfo struct {
-	kind   string
-	labels []string
+type Family struct {
+	Kind   string
+	Labels []string
 }
 
-// metricCatalog maps the fully qualified name of every family Tollgate
-// exports to its description. The collector constructors below fill it.
-var metricCatalog = map[string]metricInfo{}
+// catalog maps the fully qualified name of every family Tollgate exports
+// to its description, and all is every collector in definition order;
+// the constructors below fill them.
+var (
+	catalog = map[string]Family{}
+	all     []prometheus.Collector
+)
 
-func catalog(name, kind string, labels []string) {
-	metricCatalog[prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name)] = metricInfo{kind, labels}
+// Catalog returns the families defined so far, by fully qualified name.
+func Catalog() map[string]Family { return catalog }
+
+// Collectors returns every collector defined so far.
+func Collectors() []prometheus.Collector { return all }
+
+// Define adds c, which exports the family name (caddy_rate_limit_<name>)
+// of kind kind with labels, to the catalog and to what Register
+// registers.
+func Define[C prometheus.Collector](name, kind string, labels []string, c C) C {
+	catalog[FQName(name)] = Family{kind, labels}
+	all = append(all, c)
+	return c
 }
 
-func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
-	catalog(name, "counter", labels)
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
+// FQName is the fully qualified name of family name.
+func FQName(name string) string { return prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name) }
+
+// NewCounterVec defines a counter family.
+func NewCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return Define(name, "counter", labels, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
-	}, labels)
+	}, labels))
 }
 
 func newHistogramVec(name, help string, labels ...string) *prometheus.HistogramVec {
-	return newHistogramVecBuckets(name, help, latencyBuckets, labels...)
+	return NewHistogramVec(name, help, latencyBuckets, labels...)
 }
 
-func newHistogramVecBuckets(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
-	catalog(name, "histogram", labels)
-	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+// NewHistogramVec defines a histogram family with buckets.
+func NewHistogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return Define(name, "histogram", labels, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
 		Buckets: buckets,
-	}, labels)
+	}, labels))
 }
 
 // delayBuckets spans the waits of `delay`: 5ms to its longest, 1h.
@@ -127,27 +147,24 @@ var delayBuckets = []float64{
 }
 
 func newCounter(name, help string) prometheus.Counter {
-	catalog(name, "counter", nil)
-	return prometheus.NewCounter(prometheus.CounterOpts{
+	return Define(name, "counter", nil, prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
-	})
+	}))
 }
 
 func newHistogram(name, help string) prometheus.Histogram {
-	catalog(name, "histogram", nil)
-	return prometheus.NewHistogram(prometheus.HistogramOpts{
+	return Define(name, "histogram", nil, prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
 		Buckets: latencyBuckets,
-	})
+	}))
 }
 
 // newGaugeFunc is a gauge read when scraped: state that lives elsewhere
 // (a released backend then stops counting by itself).
 func newGaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {
-	catalog(name, "gauge", nil)
-	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	return Define(name, "gauge", nil, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: metricsNamespace, Subsystem: metricsSubsystem, Name: name, Help: help,
-	}, f)
+	}, f))
 }
 
 // collectors are the process-wide collectors.
@@ -167,19 +184,19 @@ var collectors = struct {
 	redisQueue     prometheus.Histogram
 	redisQueueShed prometheus.Counter
 }{
-	requests: newCounterVec("requests_total",
+	requests: NewCounterVec("requests_total",
 		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
 		"policy", "decision"),
 	duration: newHistogramVec("decision_duration_seconds",
 		"Time taken to decide a request, by policy and by where the decision was taken.",
 		"policy", "source"),
-	redisCalls: newCounterVec("redis_calls_total",
+	redisCalls: NewCounterVec("redis_calls_total",
 		"Redis script round trips, by script and outcome.",
 		"script", "result"),
 	redisDuration: newHistogramVec("redis_duration_seconds",
 		"Duration of Redis script round trips, by script.",
 		"script"),
-	leaseUnits: newCounterVec("lease_units_total",
+	leaseUnits: NewCounterVec("lease_units_total",
 		"Units of leased quota, by policy and lease event.",
 		"policy", "event"),
 	breakerOpen: newGaugeFunc("breaker_open",
@@ -190,22 +207,22 @@ var collectors = struct {
 			}
 			return 0
 		}),
-	tenantRequests: newCounterVec("tenant_requests_total",
+	tenantRequests: NewCounterVec("tenant_requests_total",
 		"Rate-limit decisions of the busiest tenants (metrics_tenants); every other tenant is counted as _other.",
 		"policy", "tenant", "decision"),
-	denialsDropped: newCounterVec("denials_dropped_total",
+	denialsDropped: NewCounterVec("denials_dropped_total",
 		"Denials not written to the denial stream (denials_stream), by reason: buffer_full, breaker_open, error, shutdown.",
 		"reason"),
-	nearLimit: newCounterVec("near_limit_total",
+	nearLimit: NewCounterVec("near_limit_total",
 		"Admitted requests after which less than (1 - near_limit) of the tenant's limit was left, by policy.",
 		"policy"),
-	tenantNear: newCounterVec("tenant_near_limit_total",
+	tenantNear: NewCounterVec("tenant_near_limit_total",
 		"Like near_limit_total, per tenant for the busiest tenants (metrics_tenants); every other tenant is counted as _other.",
 		"policy", "tenant"),
-	delay: newHistogramVecBuckets("delay_seconds",
+	delay: NewHistogramVec("delay_seconds",
 		"How long admitted requests waited for their turn in a policy with a delay, by policy (requests that passed at once are not observed).",
 		delayBuckets, "policy"),
-	costMissing: newCounterVec("cost_missing_total",
+	costMissing: NewCounterVec("cost_missing_total",
 		"Metered requests (cost_after) whose response gave no valid cost, so only the up-front cost was charged, by policy.",
 		"policy"),
 	redisQueue: newHistogram("redis_queue_seconds",
@@ -214,22 +231,11 @@ var collectors = struct {
 		"Redis calls shed unsent because they waited longer than the queue limit in this instance (a busy host, not a slow Redis); their requests were decided by the fail mode."),
 }
 
-func allCollectors() []prometheus.Collector {
-	return []prometheus.Collector{
-		collectors.requests, collectors.duration, collectors.redisCalls,
-		collectors.redisDuration, collectors.leaseUnits, collectors.breakerOpen,
-		collectors.tenantRequests, collectors.denialsDropped,
-		collectors.nearLimit, collectors.tenantNear, collectors.delay, collectors.costMissing,
-		collectors.redisQueue, collectors.redisQueueShed,
-		compatCollectors.declined, compatCollectors.processTime, compatCollectors.keys, compatCollectors.config,
-	}
-}
-
-// registerMetrics registers the collectors with reg. Registering with a
+// Register registers every collector with reg. Registering with a
 // registry that already has them (another handler of the same config) is
 // not an error.
-func registerMetrics(reg prometheus.Registerer) error {
-	for _, c := range allCollectors() {
+func Register(reg prometheus.Registerer) error {
+	for _, c := range all {
 		err := reg.Register(c)
 		var already prometheus.AlreadyRegisteredError
 		if err == nil || (errors.As(err, &already) && already.ExistingCollector == c) {
@@ -240,19 +246,19 @@ func registerMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// metricsObserver reports what a fleet.Backend measures into the
-// collectors. It is the Observer of every handler that records metrics.
-type metricsObserver struct{}
+// Observer reports what a fleet.Backend measures into the collectors. It
+// is the fleet.Observer of every handler that records metrics.
+type Observer struct{}
 
-var _ fleet.Observer = metricsObserver{}
+var _ fleet.Observer = Observer{}
 
 // RedisCall implements fleet.Observer.
-func (metricsObserver) RedisCall(script, result string, d time.Duration) {
+func (Observer) RedisCall(script, result string, d time.Duration) {
 	observeRedis(script, result, d)
 }
 
 // RedisQueued implements fleet.Observer.
-func (metricsObserver) RedisQueued(wait time.Duration, shed bool) {
+func (Observer) RedisQueued(wait time.Duration, shed bool) {
 	collectors.redisQueue.Observe(wait.Seconds())
 	if shed {
 		collectors.redisQueueShed.Inc()
@@ -260,7 +266,7 @@ func (metricsObserver) RedisQueued(wait time.Duration, shed bool) {
 }
 
 // DenialsDropped implements fleet.Observer.
-func (metricsObserver) DenialsDropped(reason string, n int) {
+func (Observer) DenialsDropped(reason string, n int) {
 	collectors.denialsDropped.WithLabelValues(reason).Add(float64(n))
 }
 
@@ -269,8 +275,8 @@ func (metricsObserver) DenialsDropped(reason string, n int) {
 // request path is a map read and an atomic add.
 var leaseCounters sync.Map // policy name -> *[limiter.NumLeaseEvents]prometheus.Counter
 
-// observeLeaseUnits implements limiter.LeaseOptions.Observe.
-func observeLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
+// ObserveLeaseUnits implements limiter.LeaseOptions.Observe.
+func ObserveLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
 	v, ok := leaseCounters.Load(policy)
 	if !ok {
 		var cs [limiter.NumLeaseEvents]prometheus.Counter
@@ -284,11 +290,86 @@ func observeLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
 	}
 }
 
-// handlerMetrics is a handler's metrics state; nil when disable_metrics.
-type handlerMetrics struct {
+// Handler is a handler's metrics: its policies' label children, and the
+// per-tenant series of its busiest tenants (metrics_tenants).
+type Handler struct {
 	redis      bool
+	policies   []policyMetrics
 	tenants    *tenantTracker
 	tenantsKey string
+}
+
+// PolicyInfo is what NewHandler needs of a policy.
+type PolicyInfo struct {
+	// Label is the policy's name as a label value.
+	Label string
+	// Engine is the policy.
+	Engine *limiter.Policy
+	// Metered: the policy reads a real cost from responses (cost_after).
+	Metered bool
+}
+
+// NewHandler resolves the label children of a handler's policies, which
+// decides on Redis when redis is set; with tenants > 0 the busiest
+// tenants get series of their own (see tenantTracker). Close it when the
+// handler goes.
+func NewHandler(redis bool, tenants int, policies []PolicyInfo) (*Handler, error) {
+	m := &Handler{redis: redis, policies: make([]policyMetrics, len(policies))}
+	labels := make([]string, len(policies))
+	for i, p := range policies {
+		m.policies[i].init(i, p.Label, p.Engine, redis)
+		if p.Metered {
+			m.policies[i].costMissing = collectors.costMissing.WithLabelValues(p.Label)
+		}
+		labels[i] = p.Label
+	}
+	if tenants > 0 {
+		tt, key, err := loadTenantTracker(tenants, labels)
+		if err != nil {
+			return nil, err
+		}
+		m.tenants, m.tenantsKey = tt, key
+	}
+	return m, nil
+}
+
+// Close lets go of the handler's tenant tracker.
+func (m *Handler) Close() {
+	if m.tenantsKey != "" {
+		_, _ = tenantTrackers.Delete(m.tenantsKey)
+		m.tenantsKey = ""
+	}
+}
+
+// Record counts the verdict v of policy i (tenant its tenant; near: it
+// left the tenant near its limit; admitted: the request passed) and
+// observes the decision's duration in seconds.
+func (m *Handler) Record(i int, v *limiter.Verdict, tenant string, near, admitted bool, secs float64) {
+	pm := &m.policies[i]
+	label := pm.label
+	dec, src := classify(v, m.redis)
+	pm.record(label, dec, src, secs)
+	if v.Result.Wait > 0 && v.Enforced() && admitted {
+		pm.observeDelay(label, v.Result.Wait)
+	}
+	if near {
+		pm.near.Inc()
+	}
+	if m.tenants != nil {
+		c, nc := m.tenants.counters(pm.index, tenant, dec, near)
+		c.Inc()
+		if nc != nil {
+			nc.Inc()
+		}
+	}
+}
+
+// CostMissing counts a metered request of policy i whose response gave no
+// valid cost.
+func (m *Handler) CostMissing(i int) {
+	if c := m.policies[i].costMissing; c != nil {
+		c.Inc()
+	}
 }
 
 // policyMetrics holds a policy's label children, resolved at Provision so
@@ -296,6 +377,7 @@ type handlerMetrics struct {
 // not expected to produce; it is then resolved when used.
 type policyMetrics struct {
 	index    int // in the handler's policies, and its tenant tracker's
+	label    string
 	requests [numDecisions]prometheus.Counter
 	duration [numSources]prometheus.Observer
 	near     prometheus.Counter
@@ -308,7 +390,7 @@ type policyMetrics struct {
 }
 
 func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis bool) {
-	pm.index = index
+	pm.index, pm.label = index, name
 	pm.near = collectors.nearLimit.WithLabelValues(name)
 	for _, d := range []decisionLabel{decisionAllowed, decisionDenied, decisionShadowDenied} {
 		pm.requests[d] = collectors.requests.WithLabelValues(name, decisionNames[d])
@@ -409,90 +491,6 @@ func classify(v *limiter.Verdict, redis bool) (decisionLabel, sourceLabel) {
 	return decisionDenied, s
 }
 
-// provisionMetrics registers the collectors and resolves the policies'
-// label children. Call it after provisionPolicies.
-func (h *Handler) provisionMetrics(ctx caddy.Context) error {
-	if h.DisableMetrics {
-		return nil
-	}
-	if reg := ctx.GetMetricsRegistry(); reg != nil {
-		if err := registerMetrics(reg); err != nil {
-			return err
-		}
-	}
-	m := &handlerMetrics{redis: h.Redis != nil}
-	names := make([]string, len(h.policies))
-	for i, p := range h.policies {
-		p.metrics.init(i, p.Label, p.Engine, m.redis)
-		if p.meter != nil {
-			p.metrics.costMissing = collectors.costMissing.WithLabelValues(p.Label)
-		}
-		p.initCompat(h.RateLimits[p.Name])
-		names[i] = p.Label
-	}
-	if h.MetricsTenants > 0 {
-		tt, key, err := loadTenantTracker(h.MetricsTenants, names)
-		if err != nil {
-			return err
-		}
-		m.tenants, m.tenantsKey = tt, key
-	}
-	h.metrics = m
-	return nil
-}
-
-// cleanupMetrics lets go of the handler's tenant tracker.
-func (h *Handler) cleanupMetrics() {
-	if h.metrics != nil && h.metrics.tenantsKey != "" {
-		_, _ = tenantTrackers.Delete(h.metrics.tenantsKey)
-		h.metrics.tenantsKey = ""
-	}
-}
-
-// decisionStart is the start time of a decision, or the zero time when
-// the handler records no metrics (sparing the clock read).
-func (h *Handler) decisionStart() time.Time {
-	if h.metrics == nil {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-// recordDecision counts each counted verdict of the request's decision
-// and observes the decision's duration.
-func (h *Handler) recordDecision(st *requestState, start time.Time) {
-	m := h.metrics
-	if m == nil {
-		return
-	}
-	secs := time.Since(start).Seconds()
-	recordCompat(st, secs)
-	d := &st.decision
-	for i := range d.Verdicts {
-		v := &d.Verdicts[i]
-		if !v.Counted() {
-			continue
-		}
-		p := st.policies[i]
-		dec, src := classify(v, m.redis)
-		p.metrics.record(p.Label, dec, src, secs)
-		if v.Result.Wait > 0 && v.Enforced() && d.Admitted {
-			p.metrics.observeDelay(p.Label, v.Result.Wait)
-		}
-		near := i < len(st.near) && st.near[i]
-		if near {
-			p.metrics.near.Inc()
-		}
-		if m.tenants != nil {
-			c, nc := m.tenants.counters(p.metrics.index, st.items[i].Tenant, dec, near)
-			c.Inc()
-			if nc != nil {
-				nc.Inc()
-			}
-		}
-	}
-}
-
 // The scripts and results the Redis store reports, so their label
 // children are resolved once; anything else is resolved per call.
 var (
@@ -503,6 +501,15 @@ var (
 	redisCallChildren [len(redisScripts)][len(redisResults)]prometheus.Counter
 	redisDurChildren  [len(redisScripts)]prometheus.Observer
 )
+
+// DecisionNames are the values of the decision label.
+func DecisionNames() []string { return decisionNames[:] }
+
+// SourceNames are the values of the source label.
+func SourceNames() []string { return sourceNames[:] }
+
+// RedisScripts are the values of the script label.
+func RedisScripts() []string { return redisScripts[:] }
 
 func indexOf(list []string, s string) int {
 	for i, v := range list {

@@ -1,4 +1,4 @@
-package tollgate
+package metrics
 
 import (
 	"fmt"
