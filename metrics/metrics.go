@@ -23,7 +23,6 @@ import (
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-
 const (
 	metricsNamespace = "caddy"
 	metricsSubsystem = "rate_limit"
@@ -119,7 +118,9 @@ func Define[C prometheus.Collector](name, kind string, labels []string, c C) C {
 }
 
 // FQName is the fully qualified name of family name.
-func FQName(name string) string { return prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name) }
+func FQName(name string) string {
+	return prometheus.BuildFQName(metricsNamespace, metricsSubsystem, name)
+}
 
 // NewCounterVec defines a counter family.
 func NewCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
