@@ -20,7 +20,6 @@ import (
 	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
-	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // droppedDenials reads caddy_rate_limit_denials_dropped_total{reason}.
@@ -354,27 +353,5 @@ func TestDenialStreamNoLeakAcrossReloads(t *testing.T) {
 	testClient.CloseIdleConnections()
 	if after := stableGoroutines(); after > before+5 {
 		t.Errorf("goroutines grew from %d to %d over 10 reload cycles", before, after)
-	}
-}
-
-// BenchmarkRecordDenial is the deny path's cost of the stream: building
-// the entry and queueing it, with a writer draining the buffer into Redis.
-func BenchmarkRecordDenial(b *testing.B) {
-	srv := redistest.StartStandalone(b, redistest.Options{})
-	backend, err := fleet.Acquire(fleet.BackendOptions{Connection: fleet.Connection{Addresses: []string{srv.Addr}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer backend.Release()
-	s := backend.Denials()
-	s.Acquire(1000)
-	defer s.Release(1000)
-	h := &Handler{Handler: config.Handler{Tenant: "{http.request.header.X-Tenant}"}}
-	p := &policyRuntime{Policy: &gate.Policy{Name: "api", Engine: &limiter.Policy{Name: "api"}}}
-	it := &limiter.Item{Tenant: "acme", Policy: p.Engine}
-	v := &limiter.Verdict{}
-	b.ReportAllocs()
-	for b.Loop() {
-		h.recordDenial(s, p, it, v, 3)
 	}
 }

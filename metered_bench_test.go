@@ -155,10 +155,10 @@ func verifyMetered(b *testing.B, h *Handler, next caddyhttp.Handler, want int64)
 	if w.status != http.StatusOK || w.written == 0 {
 		b.Fatalf("status %d, %d bytes: the response did not go through", w.status, w.written)
 	}
-	if len(h.policies) != 1 {
-		b.Fatalf("%d policies, want 1", len(h.policies))
+	if len(h.gate.Policies) != 1 {
+		b.Fatalf("%d policies, want 1", len(h.gate.Policies))
 	}
-	p := h.policies[0].Engine
+	p := h.gate.Policies[0].Engine
 	res := make([]limiter.Result, 1)
 	c := limiter.Check{Algorithm: p.Algorithm, Tenant: tenant, Policy: p.Name, Rate: p.Limit.Rate}
 	if err := h.gate.Store.Peek(context.Background(), []limiter.Check{c}, res); err != nil {

@@ -10,7 +10,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +21,6 @@ import (
 
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
-	"github.com/tollgate/caddy-tollgate/limiter"
 	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
@@ -535,97 +533,6 @@ func TestMetricsRedis(t *testing.T) {
 	// One failed round trip per request (fewer once a breaker skips them).
 	if failed < 1 || failed > 4 {
 		t.Errorf("failed decide calls: %v, want 1 to 4", failed)
-	}
-}
-
-// decidedState decides one request of tenant in h's policy name on h's
-// store, as ServeHTTP would.
-func decidedState(tb testing.TB, h *Handler, policy, tenant string) *requestState {
-	tb.Helper()
-	st := new(requestState)
-	for _, p := range h.policies {
-		if p.Engine.Name == policy {
-			st.items = append(st.items, limiter.Item{Policy: p.Engine, Tenant: tenant, Cost: 1})
-			st.policies = append(st.policies, p)
-		}
-	}
-	if err := h.gate.Store.Decide(context.Background(), &st.decision, st.items); err != nil {
-		tb.Fatal(err)
-	}
-	return st
-}
-
-const allocPolicies = `"rate_limits":{
-	"alloc_allow":{"max_events":1000000000,"window":3600000000000},
-	"alloc_deny":{"max_events":1,"window":3600000000000},
-	"alloc_shadow":{"max_events":1,"window":3600000000000,"shadow":true}}`
-
-// TestRecordingAllocatesNothing: recording allowed, denied and shadow
-// decisions, with and without per-tenant series, allocates nothing, and
-// a whole request allocates no more with metrics than without.
-func TestRecordingAllocatesNothing(t *testing.T) {
-	for _, tenants := range []int{0, 5} {
-		h := provisionHandler(t, fmt.Sprintf(`{"metrics_tenants":%d,%s}`, tenants, allocPolicies))
-		for _, tc := range []struct{ policy, tenant string }{
-			{"alloc_allow", "acme"}, {"alloc_deny", "acme"}, {"alloc_shadow", "acme"},
-		} {
-			decidedState(t, h, tc.policy, tc.tenant) // use up the quota
-			st := decidedState(t, h, tc.policy, tc.tenant)
-			start := time.Now()
-			if n := testing.AllocsPerRun(5000, func() { h.recordDecision(st, start) }); n != 0 {
-				t.Errorf("metrics_tenants %d, %s: %v allocations per decision", tenants, tc.policy, n)
-			}
-		}
-	}
-
-	if poolsDropItems() {
-		t.Log("sync.Pool drops items (race detector): not comparing whole requests")
-		return
-	}
-	w := httptest.NewRecorder()
-	perRequest := func(cfg string) float64 {
-		h := provisionHandler(t, cfg)
-		return testing.AllocsPerRun(2000, func() {
-			r := newCaddyRequest(w, "acme")
-			_ = h.ServeHTTP(w, r, okHandler)
-		})
-	}
-	const cfg = `{"tenant":"{http.request.header.X-Tenant}","headers":"off",%s
-		"rate_limits":{"alloc_req":{"algorithm":"token_bucket","max_events":1000000000,"window":3600000000000}}}`
-	off := perRequest(fmt.Sprintf(cfg, `"disable_metrics":true,`))
-	on := perRequest(fmt.Sprintf(cfg, ""))
-	if on > off {
-		t.Errorf("a request allocates %v times with metrics, %v without", on, off)
-	}
-}
-
-// poolsDropItems reports whether sync.Pool drops what is put back, as it
-// does at random under the race detector; allocation counts of code that
-// pools are then meaningless.
-func poolsDropItems() bool {
-	var p sync.Pool
-	for range 100 {
-		x := new(int)
-		p.Put(x)
-		if p.Get() != x {
-			return true
-		}
-	}
-	return false
-}
-
-// BenchmarkRecordDecision is the cost of recording one decision.
-func BenchmarkRecordDecision(b *testing.B) {
-	for _, tenants := range []int{0, 10} {
-		b.Run(fmt.Sprintf("metrics_tenants=%d", tenants), func(b *testing.B) {
-			h := provisionHandler(b, fmt.Sprintf(`{"metrics_tenants":%d,%s}`, tenants, allocPolicies))
-			st := decidedState(b, h, "alloc_allow", "acme")
-			start := time.Now()
-			b.ReportAllocs()
-			for b.Loop() {
-				h.recordDecision(st, start)
-			}
-		})
 	}
 }
 

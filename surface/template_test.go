@@ -1,4 +1,4 @@
-package tollgate
+package surface
 
 import (
 	"net/http/httptest"

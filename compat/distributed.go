@@ -1,4 +1,4 @@
-package tollgate
+package compat
 
 import (
 	"bytes"
@@ -81,7 +81,7 @@ type peerSync struct {
 	logger  *zap.Logger
 
 	mu       sync.Mutex
-	attached map[*Handler]config.DistributedConfig
+	attached map[any]config.DistributedConfig
 	settings syncSettings
 	changed  chan struct{}
 
@@ -117,23 +117,32 @@ func (ps *peerSync) Destruct() error {
 	return nil
 }
 
-// provisionDistributed makes the handler's store a limiter.PeerStore over
-// the embedded store, fed by the exchange of its storage.
-func (h *Handler) provisionDistributed(ctx caddy.Context, m *gate.Memory) error {
+// Peers is a handler's hold on its distributed exchange.
+type Peers struct {
+	key  string
+	sync *peerSync
+	id   any
+}
+
+// Distribute makes the embedded store m of g decide through a
+// limiter.PeerStore fed by the exchange of g's storage: the storage
+// module of cfg's StorageRaw (cfg is what Caddy loads it from), or
+// Caddy's. Close the Peers when the handler goes.
+func Distribute(ctx caddy.Context, cfg *config.Handler, g *gate.Gate, m *gate.Memory, logger *zap.Logger) (*Peers, error) {
 	var (
 		stor stateStorage
 		key  string
 	)
-	if len(h.StorageRaw) > 0 {
-		mod, err := ctx.LoadModule(h, "StorageRaw")
+	if len(cfg.StorageRaw) > 0 {
+		mod, err := ctx.LoadModule(cfg, "StorageRaw")
 		if err != nil {
-			return fmt.Errorf("loading storage module: %v", err)
+			return nil, fmt.Errorf("loading storage module: %v", err)
 		}
 		s, err := mod.(caddy.StorageConverter).CertMagicStorage()
 		if err != nil {
-			return fmt.Errorf("creating storage: %v", err)
+			return nil, fmt.Errorf("creating storage: %v", err)
 		}
-		stor, key = s, "storage/"+string(h.StorageRaw)
+		stor, key = s, "storage/"+string(cfg.StorageRaw)
 	} else {
 		s := ctx.Storage()
 		stor, key = s, fmt.Sprintf("default/%T", s)
@@ -142,38 +151,31 @@ func (h *Handler) provisionDistributed(ctx caddy.Context, m *gate.Memory) error 
 		}
 	}
 	v, _, err := peerSyncs.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newPeerSync(stor, h.logger)
+		return newPeerSync(stor, logger)
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ps := v.(*peerSync)
-	ps.attach(h, *h.Distributed)
+	ps.attach(g, *cfg.Distributed)
 	ps.start()
-	zones := make(map[string]string, len(h.policies))
-	for _, p := range h.policies {
+	zones := make(map[string]string, len(g.Policies))
+	for _, p := range g.Policies {
 		zones[p.Engine.Name] = p.Name
 	}
-	view := &peerView{sync: ps, zones: zones, tenant: h.Tenant != "", store: m.MemoryStore()}
-	h.peers = &peerAttachment{key: key, sync: ps}
+	view := &peerView{sync: ps, zones: zones, tenant: cfg.Tenant != "", store: m.MemoryStore()}
 	m.Use(limiter.NewPeerStore(m.MemoryStore(), view, nil))
-	return nil
+	return &Peers{key: key, sync: ps, id: g}, nil
 }
 
-// peerAttachment is a handler's hold on its exchange.
-type peerAttachment struct {
-	key  string
-	sync *peerSync
-}
-
-// cleanupDistributed lets go of the exchange.
-func (h *Handler) cleanupDistributed() error {
-	if h.peers == nil {
+// Close lets go of the exchange; the last handler on a storage stops it.
+func (p *Peers) Close() error {
+	if p == nil || p.sync == nil {
 		return nil
 	}
-	h.peers.sync.detach(h)
-	_, err := peerSyncs.Delete(h.peers.key)
-	h.peers = nil
+	p.sync.detach(p.id)
+	_, err := peerSyncs.Delete(p.key)
+	p.sync = nil
 	return err
 }
 
@@ -186,7 +188,7 @@ func newPeerSync(stor stateStorage, logger *zap.Logger) (*peerSync, error) {
 		storage:  stor,
 		file:     path.Join(stateDir, id.String()+".rlstate"),
 		logger:   logger,
-		attached: map[*Handler]config.DistributedConfig{},
+		attached: map[any]config.DistributedConfig{},
 		changed:  make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
@@ -210,14 +212,14 @@ func (ps *peerSync) start() {
 
 // attach adds h's settings; the exchange runs at the shortest intervals
 // of the handlers attached.
-func (ps *peerSync) attach(h *Handler, c config.DistributedConfig) {
+func (ps *peerSync) attach(h any, c config.DistributedConfig) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	ps.attached[h] = c
 	ps.recompute()
 }
 
-func (ps *peerSync) detach(h *Handler) {
+func (ps *peerSync) detach(h any) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	delete(ps.attached, h)

@@ -1,4 +1,4 @@
-package tollgate
+package surface
 
 import (
 	"errors"
@@ -45,8 +45,7 @@ type policyRuntime struct {
 	calendarHeader calendarHeaderCache
 	// meter reads the real cost from the response (cost_after); nil when
 	// the policy is not metered.
-	meter  *config.Meter
-	compat compatMetrics
+	meter *config.Meter
 }
 
 // requestState is the per-request scratch space, pooled so a decision
@@ -54,6 +53,8 @@ type policyRuntime struct {
 type requestState struct {
 	items    []limiter.Item
 	policies []*policyRuntime
+	// gates are the policies' gate.Policy, for compat.ChargeZones.
+	gates    []*gate.Policy
 	decision limiter.Decision
 	shadow   []string
 	// near flags the verdicts that left their tenant near its limit
@@ -79,6 +80,7 @@ func getRequestState() *requestState {
 	s := requestStates.Get().(*requestState)
 	s.items = s.items[:0]
 	s.policies = s.policies[:0]
+	s.gates = s.gates[:0]
 	s.shadow = s.shadow[:0]
 	s.near = s.near[:0]
 	s.meters = s.meters[:0]

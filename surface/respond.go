@@ -1,4 +1,4 @@
-package tollgate
+package surface
 
 import (
 	"context"
@@ -89,7 +89,7 @@ func pick(d *limiter.Decision, enforcedOnly bool) int {
 // report sets the placeholders and headers of a decision and logs shadow
 // would-denials. It returns the index of the verdict shown in headers, or
 // -1 when no enforced policy counted the request.
-func (h *Handler) report(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, st *requestState) int {
+func (h *Server) report(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, st *requestState) int {
 	d := &st.decision
 	shown := pick(d, true)
 	placeholder := shown
@@ -163,7 +163,7 @@ const (
 // runs on every request, so it allocates little: the numbers and the
 // RateLimit item are rendered into one string and sliced, and the header
 // values share one backing array.
-func (h *Handler) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Verdict) {
+func (h *Server) writeHeaders(hdr http.Header, p *policyRuntime, v *limiter.Verdict) {
 	wait := v.Result.Reset
 	if !v.Result.Allowed {
 		wait = v.Result.RetryAfter
@@ -220,7 +220,7 @@ const maxRetryWait = 10 * 366 * 24 * time.Hour
 
 // jittered is the wait a denial announces: wait plus up to jitter x wait
 // at random (caddy-ratelimit's jitter), at most maxRetryWait.
-func (h *Handler) jittered(wait time.Duration) time.Duration {
+func (h *Server) jittered(wait time.Duration) time.Duration {
 	j := h.Jitter
 	if !(j > 0) || wait <= 0 { // NaN: no jitter
 		return wait
@@ -253,7 +253,7 @@ func remoteIP(r *http.Request) string {
 // caddy-ratelimit's INFO line "rate limit exceeded" (zone, wait,
 // remote_ip, and key with log_key) with Tollgate's fields, and emits the
 // rate_limit_exceeded event with the same data.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, st *requestState, shown int) error {
+func (h *Server) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, st *requestState, shown int) error {
 	p, it, v := st.policies[shown], &st.items[shown], &st.decision.Verdicts[shown]
 	wait := h.jittered(v.Result.RetryAfter)
 	secs := retryAfterSeconds(wait)
@@ -292,7 +292,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 
 // bucketKey is the key a request was counted under, what log_key logs: the
 // policy's key (the tenant itself when the handler has no tenant).
-func (h *Handler) bucketKey(it *limiter.Item) string {
+func (h *Server) bucketKey(it *limiter.Item) string {
 	if h.Tenant == "" {
 		return it.Tenant
 	}
@@ -302,7 +302,7 @@ func (h *Handler) bucketKey(it *limiter.Item) string {
 // recordDenial queues the stream entry of an enforced denial. Called on
 // the 429 path: a struct copy into a channel, no I/O. The key-as-tenant of
 // a handler without tenant is written only with log_key, like in logs.
-func (h *Handler) recordDenial(ds *fleet.DenialStream, p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) {
+func (h *Server) recordDenial(ds *fleet.DenialStream, p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) {
 	e := fleet.Denial{
 		TS:         time.Now().UnixMilli(),
 		Policy:     p.Name,
@@ -337,7 +337,7 @@ var (
 // policy decided, so the placeholders say so: empty policy and tenant,
 // limit and remaining 0, retry_after 1 (what Retry-After says), so a
 // handle_errors template renders as it does for any other 429.
-func (h *Handler) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer) error {
+func (h *Server) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer) error {
 	repl.Set("http.rate_limit.policy", emptyValue)
 	repl.Set("http.rate_limit.exceeded.name", emptyValue)
 	repl.Set("http.rate_limit.tenant", emptyValue)
@@ -352,7 +352,7 @@ func (h *Handler) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer)
 }
 
 // logShadowDenial writes the INFO line of a shadow would-deny.
-func (h *Handler) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
+func (h *Server) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
 	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit would deny"); ce != nil {
 		ce.Write(h.decisionFields(make([]zap.Field, 0, 7), p, it, v, retryAfterSeconds(v.Result.RetryAfter))...)
 	}
@@ -360,7 +360,7 @@ func (h *Handler) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter
 
 // logShadowDelay writes the INFO line of a shadow would-delay: the
 // request passes at once, the policy's bucket took its turn.
-func (h *Handler) logShadowDelay(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
+func (h *Server) logShadowDelay(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
 	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit would delay"); ce != nil {
 		fields := make([]zap.Field, 0, 8)
 		fields = append(fields, zap.Duration("delay", v.Result.Wait))
@@ -376,7 +376,7 @@ func (h *Handler) logShadowDelay(p *policyRuntime, it *limiter.Item, v *limiter.
 // closed request, as reverse_proxy reports it). A config reload does not
 // cut the wait short: the request passes at its turn through the handler
 // chain it started in.
-func (h *Handler) waitTurn(r *http.Request, st *requestState) error {
+func (h *Server) waitTurn(r *http.Request, st *requestState) error {
 	if ce := h.logger.Check(zapcore.DebugLevel, "rate limit: waiting for a turn"); ce != nil {
 		ce.Write(zap.Duration("delay", st.wait))
 	}
@@ -403,7 +403,7 @@ const statusClientClosedRequest = 499
 // caddy-ratelimit; tenants are logged when the handler has a `tenant`
 // template, which names an identity the operator chose for the purpose
 // (without one, the tenant is the key and follows the key's rule).
-func (h *Handler) decisionFields(fields []zap.Field, p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) []zap.Field {
+func (h *Server) decisionFields(fields []zap.Field, p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) []zap.Field {
 	if h.Tenant != "" {
 		fields = append(fields, zap.String("tenant", gate.Loggable(it.Tenant)))
 	}
@@ -428,7 +428,7 @@ const storeWarningInterval = 10 * time.Second
 // storeWarningInterval. Outages are reported by the circuit breaker (one
 // WARN when it opens, one INFO when it closes); calls refused by the open
 // breaker are not logged at all.
-func (h *Handler) storeFailed(err error) {
+func (h *Server) storeFailed(err error) {
 	if errors.Is(err, limiter.ErrBreakerOpen) {
 		return
 	}

@@ -1,4 +1,4 @@
-package tollgate
+package compat
 
 import (
 	"strconv"
@@ -42,39 +42,46 @@ var compatCollectors = struct {
 		"zone", "max_events", "window", "ipv4_prefix", "ipv6_prefix"),
 }
 
-// compatMetrics are a policy's children of caddy-ratelimit's families.
-type compatMetrics struct {
+// Metrics are a handler's children of caddy-ratelimit's families, per
+// policy.
+type Metrics struct {
+	policies []compatChildren
+}
+
+// compatChildren are a policy's children.
+type compatChildren struct {
 	declined    prometheus.Counter
 	processTime prometheus.Observer
 }
 
-// initCompat resolves the policy's children and counts its configuration,
-// as caddy-ratelimit does at every provisioning.
-func (p *policyRuntime) initCompat(pc *config.PolicyConfig) {
-	p.compat.declined = compatCollectors.declined.WithLabelValues(p.Label)
-	p.compat.processTime = compatCollectors.processTime.WithLabelValues(p.Label)
-	compatCollectors.config.WithLabelValues(p.Label,
-		strconv.FormatInt(pc.MaxEvents, 10),
-		time.Duration(pc.Window).String(),
-		strconv.Itoa(pc.IPv4Prefix),
-		strconv.Itoa(pc.IPv6Prefix)).Inc()
+// NewMetrics resolves the children of the policies of cfg (gate's, in
+// its order) and counts their configuration, as caddy-ratelimit does at
+// every provisioning.
+func NewMetrics(cfg *config.Handler, policies []*gate.Policy) *Metrics {
+	m := &Metrics{policies: make([]compatChildren, len(policies))}
+	for i, p := range policies {
+		pc := cfg.RateLimits[p.Name]
+		m.policies[i] = compatChildren{
+			declined:    compatCollectors.declined.WithLabelValues(p.Label),
+			processTime: compatCollectors.processTime.WithLabelValues(p.Label),
+		}
+		compatCollectors.config.WithLabelValues(p.Label,
+			strconv.FormatInt(pc.MaxEvents, 10),
+			time.Duration(pc.Window).String(),
+			strconv.Itoa(pc.IPv4Prefix),
+			strconv.Itoa(pc.IPv6Prefix)).Inc()
+	}
+	return m
 }
 
-// recordCompat records a decision in caddy-ratelimit's families: one
-// process time per request, and a declined request when it was denied,
-// under the policy the response describes.
-func recordCompat(st *requestState, secs float64) {
-	d := &st.decision
-	i := pick(d, true)
-	if i < 0 {
-		if i = pick(d, false); i < 0 {
-			return
-		}
-	}
-	p := st.policies[i]
-	p.compat.processTime.Observe(secs)
-	if !d.Admitted {
-		p.compat.declined.Inc()
+// Record records a decision: one process time per request, and a
+// declined request when it was denied, under the policy the response
+// describes (its index among the handler's policies).
+func (m *Metrics) Record(policy int, admitted bool, secs float64) {
+	p := &m.policies[policy]
+	p.processTime.Observe(secs)
+	if !admitted {
+		p.declined.Inc()
 	}
 }
 

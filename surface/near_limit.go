@@ -1,4 +1,4 @@
-package tollgate
+package surface
 
 import (
 	"github.com/tollgate/caddy-tollgate/fleet"
@@ -15,7 +15,7 @@ import (
 // GCRA's burst. A verdict served from a lease reports what the store last
 // said plus the units this instance still holds, so with leases a tenant
 // shows up near its limit a little later.
-func (h *Handler) markNearLimit(st *requestState) {
+func (h *Server) markNearLimit(st *requestState) {
 	d := &st.decision
 	if !d.Admitted {
 		return

@@ -1,13 +1,13 @@
-package tollgate
+package compat
 
 import (
 	"cmp"
 	"context"
-	"errors"
 	"math"
 	"slices"
 	"sync"
 
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -34,7 +34,7 @@ type zoneCharge struct {
 
 var zoneCharges = sync.Pool{New: func() any { return new(zoneCharge) }}
 
-// chargeZones charges, after the all-or-nothing decision d denied the
+// ChargeZones charges, after the all-or-nothing decision d denied the
 // request, what caddy-ratelimit would have charged: it takes its zones
 // from the most permissive (most events per unit of window) to the least,
 // charging each one that admits the request until one denies it. Only
@@ -43,8 +43,10 @@ var zoneCharges = sync.Pool{New: func() any { return new(zoneCharge) }}
 // (they would never be released), nor turns of a delay. The charge is a second store call at a
 // later instant, so a concurrent request may have taken what this one
 // would have: then, like a zone that denies, nothing more is charged.
-func (h *Handler) chargeZones(ctx context.Context, st *requestState) {
-	d := &st.decision
+//
+// policies[i] is the policy of items[i], d the decision that denied them.
+// It returns the store's error, if any (a failed charge is not retried).
+func ChargeZones(ctx context.Context, store gate.Store, policies []*gate.Policy, items []limiter.Item, d *limiter.Decision) error {
 	zc := zoneCharges.Get().(*zoneCharge)
 	defer func() {
 		clear(zc.items)
@@ -52,8 +54,8 @@ func (h *Handler) chargeZones(ctx context.Context, st *requestState) {
 		zc.decision.Reset()
 		zoneCharges.Put(zc)
 	}()
-	for i := range st.items {
-		if !st.policies[i].AllOrNothing && d.Verdicts[i].Enforced() {
+	for i := range items {
+		if !policies[i].AllOrNothing && d.Verdicts[i].Enforced() {
 			zc.order = append(zc.order, i)
 		}
 	}
@@ -64,21 +66,19 @@ func (h *Handler) chargeZones(ctx context.Context, st *requestState) {
 		if !d.Verdicts[i].Result.Allowed {
 			break
 		}
-		if st.items[i].Policy.Algorithm != limiter.Concurrency {
-			zc.items = append(zc.items, st.items[i])
+		if items[i].Policy.Algorithm != limiter.Concurrency {
+			zc.items = append(zc.items, items[i])
 		}
 	}
 	if len(zc.items) == 0 {
-		return
+		return nil
 	}
 	cd := &zc.decision
-	cd.Overrides = h.gate.Store.Overrides().Table()
+	cd.Overrides = store.Overrides().Table()
 	// The request is denied: a zone that could only admit it later (a
 	// delay) must not take a turn nobody will use.
 	cd.NoDelay = true
-	if err := h.gate.Store.Decide(ctx, cd, zc.items); err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
-		h.storeFailed(err)
-	}
+	return store.Decide(ctx, cd, zc.items)
 }
 
 // permissiveness orders zones as caddy-ratelimit does: events per unit of

@@ -1,15 +1,16 @@
-package tollgate
+package surface
 
 import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/tollgate/caddy-tollgate/compat"
 	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
 // provisionMetrics registers the collectors and resolves the policies'
 // label children. Call it after provisionPolicies.
-func (h *Handler) provisionMetrics(ctx caddy.Context) error {
+func (h *Server) provisionMetrics(ctx caddy.Context) error {
 	if h.DisableMetrics {
 		return nil
 	}
@@ -21,8 +22,8 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 	infos := make([]metrics.PolicyInfo, len(h.policies))
 	for i, p := range h.policies {
 		infos[i] = metrics.PolicyInfo{Label: p.Label, Engine: p.Engine, Metered: p.meter != nil}
-		p.initCompat(h.RateLimits[p.Name])
 	}
+	h.compat = compat.NewMetrics(h.Handler, h.gate.Policies)
 	m, err := metrics.NewHandler(h.Redis != nil, h.MetricsTenants, infos)
 	if err != nil {
 		return err
@@ -32,7 +33,7 @@ func (h *Handler) provisionMetrics(ctx caddy.Context) error {
 }
 
 // cleanupMetrics lets go of the handler's tenant tracker.
-func (h *Handler) cleanupMetrics() {
+func (h *Server) cleanupMetrics() {
 	if h.metrics != nil {
 		h.metrics.Close()
 	}
@@ -40,7 +41,7 @@ func (h *Handler) cleanupMetrics() {
 
 // decisionStart is the start time of a decision, or the zero time when
 // the handler records no metrics (sparing the clock read).
-func (h *Handler) decisionStart() time.Time {
+func (h *Server) decisionStart() time.Time {
 	if h.metrics == nil {
 		return time.Time{}
 	}
@@ -49,14 +50,20 @@ func (h *Handler) decisionStart() time.Time {
 
 // recordDecision counts each counted verdict of the request's decision
 // and observes the decision's duration.
-func (h *Handler) recordDecision(st *requestState, start time.Time) {
+func (h *Server) recordDecision(st *requestState, start time.Time) {
 	m := h.metrics
 	if m == nil {
 		return
 	}
 	secs := time.Since(start).Seconds()
-	recordCompat(st, secs)
 	d := &st.decision
+	// caddy-ratelimit's families: under the policy the response
+	// describes.
+	if i := pick(d, true); i >= 0 {
+		h.compat.Record(st.policies[i].index, d.Admitted, secs)
+	} else if i = pick(d, false); i >= 0 {
+		h.compat.Record(st.policies[i].index, d.Admitted, secs)
+	}
 	for i := range d.Verdicts {
 		if v := &d.Verdicts[i]; v.Counted() {
 			near := i < len(st.near) && st.near[i]

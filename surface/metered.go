@@ -1,4 +1,4 @@
-package tollgate
+package surface
 
 import (
 	"bufio"
@@ -278,7 +278,7 @@ func parseCostValue(v string) (int64, string) {
 // costs of the metered policies once the chain has returned, or has
 // panicked: reverse_proxy aborts a response whose client went away with
 // http.ErrAbortHandler, and that request is charged what it saw too.
-func (h *Handler) serveMetered(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) error {
+func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) error {
 	mw := &st.writer
 	mw.reset(w, st.meters)
 	mw.bodiless = r.Method == http.MethodHead
@@ -292,7 +292,7 @@ func (h *Handler) serveMetered(w http.ResponseWriter, r *http.Request, next cadd
 // settle charges the real costs the response reported. The request's
 // context may be cancelled (client gone): the store calls have their own
 // deadlines.
-func (h *Handler) settle(r *http.Request, st *requestState, mw *meteredWriter) {
+func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 	real := st.real[:0]
 	for i, m := range st.meters {
 		if m == nil {
@@ -322,7 +322,7 @@ func (h *Handler) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 // settleFailed reports a settlement the store could not take. A store
 // failure was settled on the fallback store (Decision.Settle); it is not
 // worth more than a debug line per response.
-func (h *Handler) settleFailed(err error) {
+func (h *Server) settleFailed(err error) {
 	if ce := h.logger.Check(zapcore.DebugLevel, "settling a metered cost failed"); ce != nil {
 		ce.Write(zap.Error(err))
 	}

@@ -1,0 +1,156 @@
+package surface
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tollgate/caddy-tollgate/compat"
+	"github.com/tollgate/caddy-tollgate/config"
+	"github.com/tollgate/caddy-tollgate/limiter"
+	"go.uber.org/zap"
+)
+
+// provisionPolicies pairs the validated policies (in name order, so
+// headers and logs are deterministic) with what the Caddy layer needs to
+// map a request onto them: matchers, key template, cost.
+func (h *Server) provisionPolicies(ctx caddy.Context) error {
+	h.policies = make([]*policyRuntime, 0, len(h.gate.Policies))
+	var err error
+	for i, gp := range h.gate.Policies {
+		name := gp.Name
+		pc := h.RateLimits[name]
+		rt := &policyRuntime{
+			Policy:     gp,
+			index:      i,
+			key:        compileTemplate(pc.Key),
+			ipv4Prefix: pc.IPv4Prefix,
+			ipv6Prefix: pc.IPv6Prefix,
+		}
+		// Validated with the policy: only compiled here.
+		if rt.meter, err = pc.Meter(name, gp.Engine.Algorithm); err != nil {
+			return err
+		}
+		rt.meter = sameMeter(h.policies, rt.meter)
+		if n, ok := pc.Cost.Constant(); ok {
+			rt.cost = n
+		} else {
+			rt.cost, rt.costTemplate = -1, compileTemplate(string(pc.Cost))
+		}
+		if pc.MatcherSetsRaw != nil {
+			mods, err := ctx.LoadModule(pc, "MatcherSetsRaw")
+			if err != nil {
+				return fmt.Errorf("rate_limits.%s.match: loading matchers: %v", name, err)
+			}
+			if err := rt.matchers.FromInterface(mods); err != nil {
+				return fmt.Errorf("rate_limits.%s.match: %v", name, err)
+			}
+		}
+		rt.precomputeHeaders()
+		h.zones = h.zones || !rt.AllOrNothing
+		h.policies = append(h.policies, rt)
+	}
+	return nil
+}
+
+// ServeHTTP decides r against every policy that matches it, all or
+// nothing, then either passes it on or answers 429.
+func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	st := getRequestState()
+	defer putRequestState(st)
+
+	// An empty tenant (missing_tenant shared) or key is the anonymous
+	// bucket: the empty value itself, which no request value that is not
+	// empty can equal, in the engine or in a store key.
+	var tenant string
+	if h.Tenant != "" {
+		tenant = h.tenant.expand(repl, r)
+		if tenant == "" && h.MissingTenant == config.MissingTenantDeny {
+			return h.denyMissingTenant(w, repl)
+		}
+	}
+	tierTemplate := ""
+	tierResolved := false
+	for _, p := range h.policies {
+		ok, err := p.matches(r)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		item := limiter.Item{Policy: p.Engine, Tenant: tenant, Cost: p.requestCost(repl, r)}
+		if h.Tenant != "" {
+			item.Part = p.resolveKey(repl, r)
+		} else {
+			item.Tenant = p.resolveKey(repl, r)
+		}
+		if tier, ok := h.TenantTiers[item.Tenant]; ok {
+			item.Tier = tier
+		} else if h.Tier != "" {
+			if !tierResolved {
+				tierTemplate, tierResolved = h.tier.expand(repl, r), true
+			}
+			item.Tier = tierTemplate
+		}
+		st.items = append(st.items, item)
+		st.policies = append(st.policies, p)
+		st.gates = append(st.gates, p.Policy)
+		st.meters = append(st.meters, p.meter)
+		st.metered = st.metered || p.meter != nil
+	}
+	if len(st.items) == 0 {
+		return next.ServeHTTP(w, r)
+	}
+
+	d := &st.decision
+	d.Overrides = h.gate.Store.Overrides().Table()
+	start := h.decisionStart()
+	err := h.gate.Store.Decide(r.Context(), d, st.items)
+	if err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
+		// The store failed and the fail modes decided: d is complete.
+		h.storeFailed(err)
+		err = nil
+	}
+	if err != nil {
+		// Input the store refused: a bug, never a reason to admit.
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rate limit decision: %w", err))
+	}
+	h.markNearLimit(st)
+	h.recordDecision(st, start)
+	shown := h.report(w, r, repl, st)
+	if !d.Admitted {
+		if h.zones {
+			if err := compat.ChargeZones(r.Context(), h.gate.Store, st.gates, st.items, d); err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
+				h.storeFailed(err)
+			}
+		}
+		return h.deny(w, r, repl, st, shown)
+	}
+	if st.wait > 0 {
+		if err := h.waitTurn(r, st); err != nil {
+			return err
+		}
+	}
+	if d.HoldsSlots() {
+		// Deferred after putRequestState, so it runs first: the slots go
+		// back when the rest of the chain returns, panics included.
+		defer h.release(r, d)
+	}
+	if st.metered {
+		return h.serveMetered(w, r, next, st)
+	}
+	return next.ServeHTTP(w, r)
+}
+
+// release gives back concurrency slots. The request context may already be
+// cancelled (client gone), so it is not used for the store call.
+func (h *Server) release(r *http.Request, d *limiter.Decision) {
+	if err := d.Release(context.WithoutCancel(r.Context())); err != nil {
+		h.logger.Error("releasing concurrency slots", zap.Error(err))
+	}
+}

@@ -1,0 +1,78 @@
+// Package surface is the HTTP surface of a rate_limit handler: how a
+// request maps onto its policies (tenant, key, tier and cost), the
+// decision's placeholders and headers, the 429, the log lines, events and
+// denial stream entries, waiting for a turn, and the response writer that
+// reads a metered cost and settles it. A Server serves the requests of
+// one provisioned handler (a gate.Gate).
+package surface
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/caddy-tollgate/compat"
+	"github.com/tollgate/caddy-tollgate/config"
+	"github.com/tollgate/caddy-tollgate/gate"
+	"github.com/tollgate/caddy-tollgate/metrics"
+)
+
+// Server serves requests through one provisioned handler.
+type Server struct {
+	*config.Handler
+
+	ctx    caddy.Context
+	logger *zap.Logger
+	events *caddyevents.App
+	// gate is the provisioned handler: its policies and store.
+	gate *gate.Gate
+	// lastStoreWarning (unix nanos) throttles store failure logs.
+	lastStoreWarning atomic.Int64
+	policies         []*policyRuntime
+	// zones: some policy is charged as a caddy-ratelimit zone (no
+	// all_or_nothing), see compat.ChargeZones.
+	zones      bool
+	headerMode config.HeaderMode
+	// tenant and tier are the Tenant and Tier templates, compiled.
+	tenant, tier template
+	// metrics and compat are nil when metrics are disabled.
+	metrics *metrics.Handler
+	compat  *compat.Metrics
+}
+
+// New builds the server of g, whose configuration cfg is validated: it
+// compiles the policies' matchers and templates and renders their
+// headers, resolves their metric children (unless disable_metrics) and
+// finds the events app. Close it when the handler goes.
+func New(ctx caddy.Context, cfg *config.Handler, g *gate.Gate) (*Server, error) {
+	h := &Server{Handler: cfg, ctx: ctx, logger: ctx.Logger(), gate: g}
+	h.tenant, h.tier = compileTemplate(cfg.Tenant), compileTemplate(cfg.Tier)
+	var err error
+	if h.headerMode, err = config.ParseHeaderMode(cfg.Headers); err != nil {
+		return nil, err
+	}
+	if err := h.provisionPolicies(ctx); err != nil {
+		return nil, err
+	}
+	if err := h.provisionMetrics(ctx); err != nil {
+		return nil, err
+	}
+	// Events go to the events app when one is configured, which every
+	// subscription does; without it nobody could receive them.
+	if events, err := ctx.AppIfConfigured("events"); err == nil {
+		h.events = events.(*caddyevents.App)
+	} else if !errors.Is(err, caddy.ErrNotConfigured) {
+		h.Close()
+		return nil, fmt.Errorf("getting events app: %v", err)
+	}
+	return h, nil
+}
+
+// Close lets go of what the server holds (its tenant series).
+func (h *Server) Close() {
+	h.cleanupMetrics()
+}
