@@ -1,44 +1,11 @@
 package tollgate
 
 import (
-	"context"
-	"encoding/json"
-	"net/http"
 	"net/http/httptest"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
-
-// provisionHandler builds a Handler from JSON outside a running Caddy.
-func provisionHandler(tb testing.TB, cfg string) *Handler {
-	tb.Helper()
-	var h Handler
-	if err := json.Unmarshal([]byte(cfg), &h); err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	tb.Cleanup(cancel)
-	if err := h.Provision(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { h.Cleanup() })
-	return &h
-}
-
-var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
-
-// newCaddyRequest prepares a request as Caddy's server does: replacer,
-// vars (client IP), extra log fields.
-func newCaddyRequest(w http.ResponseWriter, tenant string) *http.Request {
-	r := httptest.NewRequest(http.MethodGet, "/api/items", nil)
-	r.RemoteAddr = "192.0.2.1:40000"
-	r.Header.Set("X-Tenant", tenant)
-	return caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
-}
 
 // BenchmarkServeHTTP measures the whole handler per request on the
 // embedded store. The "baseline" case prepares the same request and calls

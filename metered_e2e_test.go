@@ -454,7 +454,7 @@ func TestReadmeLLMExample(t *testing.T) {
 	_, rest, _ := strings.Cut(strings.TrimSpace(block), " {")
 	src := fmt.Sprintf("{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\toutput discard\n\t}\n}\n\n%s {%s\n", admin, s.base, rest)
 	src = strings.NewReplacer("auth:9000", auth, "localhost:8000", up.addr).Replace(src)
-	if err := caddy.Load(adaptCaddyfile(t, src), true); err != nil {
+	if err := loadConfig(t, adaptCaddyfile(t, src)); err != nil {
 		t.Fatalf("loading: %v\n%s", err, src)
 	}
 	testClient.CloseIdleConnections()
@@ -622,10 +622,18 @@ func TestMeteredReviewCases(t *testing.T) {
 		}
 		res.Body.Close()
 	}
-	after := scrapeMetrics(t, s.base+"/metrics")
-	// Only the early leaver is missing its cost (its settlement may
-	// follow the probe by a moment: it did, remaining said so).
-	if d := after.value("caddy_rate_limit_cost_missing_total", "policy", "rv_sse") - before.value("caddy_rate_limit_cost_missing_total", "policy", "rv_sse"); d != 1 {
+	// Only the early leaver is missing its cost. Its settlement runs when
+	// the server notices the client gone, which may come after the
+	// probes above (its cost was charged up front): wait for it.
+	missing := func() float64 {
+		after := scrapeMetrics(t, s.base+"/metrics")
+		return after.value("caddy_rate_limit_cost_missing_total", "policy", "rv_sse") - before.value("caddy_rate_limit_cost_missing_total", "policy", "rv_sse")
+	}
+	d := missing()
+	for deadline := time.Now().Add(5 * time.Second); d < 1 && time.Now().Before(deadline); d = missing() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d != 1 {
 		t.Errorf("cost_missing_total{policy=rv_sse} grew by %v, want 1 (the early leaver; HEAD answers are not counted)", d)
 	}
 }

@@ -3,6 +3,8 @@ package tollgate
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
 
@@ -286,4 +289,129 @@ func TestRedisHungBoundedLatency(t *testing.T) {
 		r := s.get("/", "X-Tenant", fmt.Sprintf("fresh-%d", poll))
 		return r.status == 200 && r.header.Get("X-RateLimit-Remaining") == "999"
 	})
+}
+
+// TestRedisLogsThroughCaddy: go-redis's own log lines go through Caddy's
+// logger as JSON (logger "redis"), and the breaker's warning names the
+// cause: connection refused when nothing listens, timeout when Redis
+// stalls.
+func TestRedisLogsThroughCaddy(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	globals := "\tlog {\n\t\toutput file " + logFile + "\n\t\tformat json\n\t}"
+	down := freePort(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := startCaddy(t, globals, fmt.Sprintf(`
+	route /down* {
+		rate_limit {
+			redis {
+				address 127.0.0.1:%d
+				breaker_failures 1
+				key_prefix down
+			}
+			tenant {http.request.header.X-Tenant}
+			policy api {
+				limit 10
+				window 1m
+			}
+		}
+		respond "down"
+	}
+	route /stalled* {
+		rate_limit {
+			redis {
+				address %s
+				breaker_failures 1
+				timeout 50ms
+			}
+			tenant {http.request.header.X-Tenant}
+			policy api2 {
+				limit 10
+				window 1m
+			}
+		}
+		respond "stalled"
+	}`, down, srv.Addr), nil)
+	gate.ClearRedisLogThrottle() // other tests' lines must not throttle this one's
+	s.get("/down", "X-Tenant", "a")
+	waitFor(t, func() bool {
+		return countLogLines(t, logFile, `"logger":"http.handlers.rate_limit","msg":"rate limit store unreachable (connection refused)`) > 0
+	})
+	waitFor(t, func() bool { return countLogLines(t, logFile, `"logger":"redis"`) > 0 })
+	s.get("/stalled", "X-Tenant", "a") // the script is loaded
+	srv.Pause()
+	defer srv.Resume()
+	s.get("/stalled", "X-Tenant", "a")
+	waitFor(t, func() bool {
+		return countLogLines(t, logFile, `"msg":"rate limit store unreachable (timeout)`) > 0
+	})
+}
+
+// TestSharedBackendPerHandlerHooks: handlers share one Redis backend (same
+// connection and prefix), but the backend does not keep the choices of
+// the handler that created it. A `disable_metrics` on the first handler
+// does not silence the redis_* metrics of the others, and after a reload
+// the backend logs through the new config's logger, not the unloaded one.
+func TestSharedBackendPerHandlerHooks(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	dir := t.TempDir()
+	logAt := func(file string) string {
+		return fmt.Sprintf("\tlog rl {\n\t\toutput file %s/%s\n\t\tinclude http.handlers.rate_limit\n\t\tformat json\n\t}\n\tlog default {\n\t\toutput discard\n\t\texclude http.handlers.rate_limit\n\t}", dir, file)
+	}
+	site := fmt.Sprintf(`
+	handle /metrics {
+		metrics
+	}
+	route /quiet* {
+		rate_limit {
+			redis {
+				address %[1]s
+				breaker_failures 1
+				timeout 50ms
+			}
+			tenant {http.request.header.X-Tenant}
+			disable_metrics
+			policy quiet {
+				limit 100
+				window 1h
+			}
+		}
+		respond "quiet"
+	}
+	route /loud* {
+		rate_limit {
+			redis {
+				address %[1]s
+				breaker_failures 1
+				timeout 50ms
+			}
+			tenant {http.request.header.X-Tenant}
+			policy loud {
+				limit 100
+				window 1h
+			}
+		}
+		respond "loud"
+	}`, srv.Addr)
+	s := startCaddy(t, logAt("first.log"), site, nil)
+	before := scrapeMetrics(t, s.base+"/metrics")
+	for range 5 {
+		if res := s.get("/loud", "X-Tenant", "a"); res.status != http.StatusOK {
+			t.Fatalf("status %d", res.status)
+		}
+	}
+	m := scrapeMetrics(t, s.base+"/metrics")
+	if got := m.delta(before, "caddy_rate_limit_redis_calls_total", "script", "decide", "result", "ok") +
+		m.delta(before, "caddy_rate_limit_redis_calls_total", "script", "decide", "result", "noscript"); got < 5 {
+		t.Errorf("decide calls counted: %v, want at least 5 (the metrics of /loud's handler)", got)
+	}
+
+	// Reload with the log in another file; then Redis goes away and the
+	// breaker's WARN must reach the new file only.
+	s.load(logAt("second.log"), site, nil)
+	srv.Stop()
+	s.get("/loud", "X-Tenant", "a")
+	waitFor(t, func() bool { return countLogLines(t, dir+"/second.log", "circuit breaker open") > 0 })
+	if n := countLogLines(t, dir+"/first.log", "circuit breaker open"); n != 0 {
+		t.Errorf("the unloaded config's log got %d breaker lines", n)
+	}
 }

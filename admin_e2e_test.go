@@ -461,3 +461,91 @@ func TestAdminDenialsAndResetAudit(t *testing.T) {
 		t.Errorf("audit stream lacks the reset: %q", audit)
 	}
 }
+
+// TestAdminPolicyNamesAndDurations: an unknown policy lists the valid
+// names; windows and expiries are Caddy durations, as strings ("1d") or
+// numbers of nanoseconds, as in the rest of Caddy's JSON.
+func TestAdminPolicyNamesAndDurations(t *testing.T) {
+	s := startCaddyAdmin(t, "", `
+	rate_limit {
+		tenant {http.request.header.X-Tenant}
+		policy api {
+			limit 10
+			window 1m
+		}
+		policy search {
+			limit 10
+			window 1m
+		}
+	}
+	respond "ok"`, nil)
+	// Overrides on the embedded store are process-wide: leave none behind
+	// for the tests after this one.
+	t.Cleanup(func() {
+		for _, tenant := range []string{"a", "b"} {
+			s.adminCall(http.MethodDelete, "/rate_limit/overrides", `{"tenant":"`+tenant+`","policy":"api"}`)
+		}
+	})
+	code, m := s.adminCall(http.MethodGet, "/rate_limit/policies?tenant=a&policy=nope", "")
+	if code != http.StatusBadRequest || m["error"] != `unknown policy "nope" (policies: api, search)` {
+		t.Errorf("unknown policy: %d %v", code, m)
+	}
+	code, m = s.adminCall(http.MethodPut, "/rate_limit/overrides", `{"tenant":"a","policy":"nope","max_events":1}`)
+	if code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(m["error"]), "(policies: api, search)") {
+		t.Errorf("PUT unknown policy: %d %v", code, m)
+	}
+	for _, tc := range []struct{ window, want string }{
+		{`"1d"`, "24h0m0s"},
+		{`90000000000`, "1m30s"},
+		{`"1h30m"`, "1h30m0s"},
+	} {
+		m := s.adminOK(http.MethodPut, "/rate_limit/overrides", `{"tenant":"a","policy":"api","max_events":5,"window":`+tc.window+`,"expires":"1d"}`)
+		o := m["override"].(map[string]any)
+		exp, err := time.Parse(time.RFC3339, fmt.Sprint(o["expires"]))
+		if o["window"] != tc.want || err != nil || time.Until(exp) < 23*time.Hour {
+			t.Errorf("window %s: override %v, want window %s expiring in a day", tc.window, o, tc.want)
+		}
+	}
+	// POST is accepted as PUT (documented).
+	s.adminOK(http.MethodPost, "/rate_limit/overrides", `{"tenant":"b","policy":"api","max_events":5}`)
+}
+
+// TestAdminRefusesOutOfRange: runtime overrides outside the numeric domain
+// are refused with 400 naming the field, and an oversized body gets 413.
+func TestAdminRefusesOutOfRange(t *testing.T) {
+	s := startCaddyAdmin(t, "", `
+	rate_limit {
+		tenant {http.request.header.X-Tenant}
+		policy api {
+			algorithm token_bucket
+			limit 10
+			window 1m
+		}
+	}
+	respond "ok"`, nil)
+	for _, tc := range []struct{ body, want string }{
+		{`{"tenant":"a","policy":"api","max_events":9223372036854775807}`, "max_events: 9223372036854775807 is out of range (allowed: 1 to 9007199254740991)"},
+		{`{"tenant":"a","policy":"api","max_events":9007199254740992}`, "max_events: 9007199254740992 is out of range"},
+		{`{"tenant":"a","policy":"api","max_events":0}`, "max_events: 0 is out of range"},
+		{`{"tenant":"a","policy":"api","max_events":5,"burst":9007199254740992}`, "burst: 9007199254740992 is out of range (allowed: 0 to 9007199254740991)"},
+		{`{"tenant":"a","policy":"api","max_events":5,"window":"1ns"}`, "window: 1ns is out of range (allowed: 1ms to 366d)"},
+		{`{"tenant":"a","policy":"api","max_events":5,"window":"9000h"}`, "window: 9000h0m0s is out of range"},
+		{`{"tenant":"a","policy":"api","max_events":99999999999999999999}`, "max_events"},
+	} {
+		code, m := s.adminCall(http.MethodPut, "/rate_limit/overrides", tc.body)
+		if code != http.StatusBadRequest || !strings.Contains(fmt.Sprint(m["error"]), tc.want) {
+			t.Errorf("PUT %s: %d %v, want 400 with %q", tc.body, code, m, tc.want)
+		}
+	}
+	big := `{"tenant":"` + strings.Repeat("a", 70<<10) + `","policy":"api","max_events":5}`
+	if code, m := s.adminCall(http.MethodPut, "/rate_limit/overrides", big); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("PUT of a 70 KiB body: %d %v, want 413", code, m)
+	}
+	if code, m := s.adminCall(http.MethodDelete, "/rate_limit/overrides", big); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("DELETE with a 70 KiB body: %d %v, want 413", code, m)
+	}
+	// Nothing of the above was stored.
+	if m := s.adminOK(http.MethodGet, "/rate_limit/overrides", ""); len(m["overrides"].([]any)) != 0 {
+		t.Errorf("overrides stored: %v", m["overrides"])
+	}
+}

@@ -245,7 +245,7 @@ func startSiteBlock(t *testing.T, block string, replacements ...string) *caddySe
 	if strings.Contains(site, " ") || site == "" {
 		t.Fatalf("unexpected site address %q", site)
 	}
-	if err := caddy.Load(adaptCaddyfile(t, src), true); err != nil {
+	if err := loadConfig(t, adaptCaddyfile(t, src)); err != nil {
 		t.Fatalf("loading: %v\n%s", err, src)
 	}
 	testClient.CloseIdleConnections()

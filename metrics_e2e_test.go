@@ -90,6 +90,14 @@ type scrape struct {
 func scrapeMetrics(t testing.TB, url string) *scrape {
 	t.Helper()
 	res, err := testClient.Get(url)
+	for try := 0; try < 3 && err != nil && droppedBeforeRequest(err); try++ {
+		// Right after a reload, the previous config's server may take
+		// the connection and close it as it stops: scraping is a read,
+		// try again on a new connection.
+		testClient.CloseIdleConnections()
+		time.Sleep(20 * time.Millisecond)
+		res, err = testClient.Get(url)
+	}
 	if err != nil {
 		t.Fatalf("scraping %s: %v", url, err)
 	}
@@ -617,4 +625,30 @@ func gathered(t testing.TB, name string, labelPairs ...string) float64 {
 	}
 	v, _ := metricValue(byName, name, labels)
 	return v
+}
+
+// TestDocMetricsListener: the documented Prometheus setup serves the
+// metrics on a listener of its own, with the admin API on localhost only:
+// the scrape sees Tollgate's families.
+func TestDocMetricsListener(t *testing.T) {
+	block := docBlockWith(t, ":9180 {", "metrics")
+	metricsPort, sitePort, adminPort := freePort(t), freePort(t), freePort(t)
+	src := strings.NewReplacer(
+		"admin localhost:2019", fmt.Sprintf("admin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off", adminPort),
+		":9180 {", fmt.Sprintf("http://127.0.0.1:%d {", metricsPort),
+		"api.example.com {", fmt.Sprintf("http://127.0.0.1:%d {", sitePort),
+	).Replace(block)
+	caddyMu.Lock()
+	defer caddyMu.Unlock()
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := loadConfig(t, adaptCaddyfile(t, src)); err != nil {
+		t.Fatalf("loading: %v\n%s", err, src)
+	}
+	waitListening(t, metricsPort)
+	site := &caddyServer{t: t, port: sitePort, base: fmt.Sprintf("http://127.0.0.1:%d", sitePort)}
+	site.get("/") // one decision, so the families have samples
+	m := scrapeMetrics(t, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+	if _, ok := m.families["caddy_rate_limit_requests_total"]; !ok {
+		t.Errorf("no caddy_rate_limit_requests_total on the metrics listener")
+	}
 }

@@ -1,6 +1,8 @@
 package tollgate
 
 import (
+	"bytes"
+	"encoding/gob"
 	"fmt"
 	"net/http"
 	"os"
@@ -578,4 +580,60 @@ func TestPeerMetricsReRegisterOnReload(t *testing.T) {
 	if n := len(fams["caddy_rate_limit_declined_requests_total"].GetMetric()); n != 1 {
 		t.Errorf("%d declined series, want 1", n)
 	}
+}
+
+// peerJSON turns one of caddy-ratelimit's test configs (admin on
+// localhost:2999, listening on :8080) into one for a test process.
+func peerJSON(config string) string {
+	return strings.NewReplacer(`"localhost:2999"`, `"127.0.0.1:{ADMIN}"`, `":8080"`, `"127.0.0.1:{PORT}"`).Replace(config)
+}
+
+// peerState and peerStateValue are caddy-ratelimit's state file as its
+// distributed.go writes it (gob, fields by name); the tests write them as
+// a caddy-ratelimit peer would.
+type peerState struct {
+	Timestamp time.Time
+	Zones     map[string]map[string]peerStateValue
+}
+
+type peerStateValue struct {
+	Count       int
+	OldestEvent time.Time
+}
+
+// writePeerState writes the state file of instance id into the
+// file_system storage at root, as caddy-ratelimit's writeRateLimitState.
+func writePeerState(t *testing.T, root, id string, st peerState) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := gob.NewEncoder(&buf).Encode(st); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(root, "rate_limit", "instances", id+".rlstate")
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// readPeerStates decodes every state file in the storage at root.
+func readPeerStates(t *testing.T, root string) map[string]peerState {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(root, "rate_limit", "instances", "*.rlstate"))
+	out := map[string]peerState{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st peerState
+		if err := gob.NewDecoder(bytes.NewReader(b)).Decode(&st); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		out[filepath.Base(f)] = st
+	}
+	return out
 }

@@ -1,12 +1,10 @@
 package tollgate
 
 import (
-	"bytes"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,44 +12,6 @@ import (
 	"testing"
 	"time"
 )
-
-var (
-	buildOnce sync.Once
-	builtPath string
-	buildErr  error
-)
-
-// caddyBinary builds ./cmd/caddy once per test run, as a user would.
-func caddyBinary(t *testing.T) string {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs cmd/caddy; skipped with -short")
-	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "tollgate-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		builtPath = filepath.Join(dir, "caddy")
-		out, err := exec.Command("go", "build", "-o", builtPath, "./cmd/caddy").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/caddy: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return builtPath
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if builtPath != "" {
-		os.RemoveAll(filepath.Dir(builtPath))
-	}
-	os.Exit(code)
-}
 
 // TestBinaryListModules: the built Caddy knows the module.
 func TestBinaryListModules(t *testing.T) {
@@ -166,23 +126,4 @@ func TestCaddyfileExample(t *testing.T) {
 	if !strings.Contains(logs.String(), "rate limit would deny") {
 		t.Error("no 'rate limit would deny' log line from the shadow policy")
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's output goroutines
-// and the test to use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
