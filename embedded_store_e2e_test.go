@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
+
 	"github.com/tollgate/caddy-tollgate/gate"
 )
 
@@ -28,7 +30,7 @@ func TestEmbeddedStoreMemoryBudget(t *testing.T) {
 	w := httptest.NewRecorder()
 	for _, h := range []*Handler{small, def} {
 		for i := range tenants {
-			if err := h.ServeHTTP(w, newCaddyRequest(w, "tenant-"+strconv.Itoa(i)), okHandler); err != nil {
+			if err := h.ServeHTTP(w, caddyreq.New(w, "tenant-"+strconv.Itoa(i)), caddyreq.OK); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -4,6 +4,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
+
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
 
@@ -15,8 +17,8 @@ func BenchmarkServeHTTP(b *testing.B) {
 	b.Run("baseline", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			r := newCaddyRequest(w, "acme")
-			_ = okHandler.ServeHTTP(w, r)
+			r := caddyreq.New(w, "acme")
+			_ = caddyreq.OK.ServeHTTP(w, r)
 		}
 	})
 	for _, algo := range []string{"token_bucket", "sliding_window"} {
@@ -25,8 +27,8 @@ func BenchmarkServeHTTP(b *testing.B) {
 				"rate_limits":{"api":{"algorithm":"`+algo+`","max_events":1000000000,"window":3600000000000}}}`)
 			b.ReportAllocs()
 			for b.Loop() {
-				r := newCaddyRequest(w, "acme")
-				if err := h.ServeHTTP(w, r, okHandler); err != nil {
+				r := caddyreq.New(w, "acme")
+				if err := h.ServeHTTP(w, r, caddyreq.OK); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -37,8 +39,8 @@ func BenchmarkServeHTTP(b *testing.B) {
 			"rate_limits":{"api":{"algorithm":"token_bucket","max_events":1000000000,"window":3600000000000}}}`)
 		b.ReportAllocs()
 		for b.Loop() {
-			r := newCaddyRequest(w, "acme")
-			if err := h.ServeHTTP(w, r, okHandler); err != nil {
+			r := caddyreq.New(w, "acme")
+			if err := h.ServeHTTP(w, r, caddyreq.OK); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -60,8 +62,8 @@ func BenchmarkServeHTTPRedis(b *testing.B) {
 				"rate_limits":{"api":{"algorithm":"token_bucket","max_events":1000000000,"window":3600000000000}}}`)
 			b.ReportAllocs()
 			for b.Loop() {
-				r := newCaddyRequest(w, "acme")
-				if err := h.ServeHTTP(w, r, okHandler); err != nil {
+				r := caddyreq.New(w, "acme")
+				if err := h.ServeHTTP(w, r, caddyreq.OK); err != nil {
 					b.Fatal(err)
 				}
 			}

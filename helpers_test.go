@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +24,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -585,17 +583,6 @@ func provisionHandler(tb testing.TB, cfg string) *Handler {
 	}
 	tb.Cleanup(func() { h.Cleanup() })
 	return &h
-}
-
-var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
-
-// newCaddyRequest prepares a request as Caddy's server does: replacer,
-// vars (client IP), extra log fields.
-func newCaddyRequest(w http.ResponseWriter, tenant string) *http.Request {
-	r := httptest.NewRequest(http.MethodGet, "/api/items", nil)
-	r.RemoteAddr = "192.0.2.1:40000"
-	r.Header.Set("X-Tenant", tenant)
-	return caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
 }
 
 // testLogFiles maps each test to its log file, made once per test: every

@@ -30,6 +30,7 @@ var outside = map[string][]string{
 	"internal/topk":      nil,
 	"internal/usage":     nil,
 	"internal/redistest": nil,
+	"internal/caddyreq":  nil,
 	"cmd/caddy":          {"."},
 	"bench/luasrc":       {"lua"},
 }

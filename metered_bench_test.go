@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
+
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
@@ -149,7 +151,7 @@ func verifyMetered(b *testing.B, h *Handler, next caddyhttp.Handler, want int64)
 	b.Helper()
 	tenant := fmt.Sprintf("verify-%d", verifyTenants.Add(1))
 	w := newDiscardWriter()
-	if err := h.ServeHTTP(w, newCaddyRequest(w, tenant), next); err != nil {
+	if err := h.ServeHTTP(w, caddyreq.New(w, tenant), next); err != nil {
 		b.Fatal(err)
 	}
 	if w.status != http.StatusOK || w.written == 0 {
@@ -181,7 +183,7 @@ func benchMetered(b *testing.B, h *Handler, mc meteredCase) {
 	b.ReportAllocs()
 	for b.Loop() {
 		w.reset()
-		r := newCaddyRequest(w, "acme")
+		r := caddyreq.New(w, "acme")
 		if err := h.ServeHTTP(w, r, mc.next); err != nil {
 			b.Fatal(err)
 		}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -562,7 +564,7 @@ func TestBreakerGaugeAfterCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := httptest.NewRecorder()
-	if err := h.ServeHTTP(w, newCaddyRequest(w, "acme"), okHandler); err != nil {
+	if err := h.ServeHTTP(w, caddyreq.New(w, "acme"), caddyreq.OK); err != nil {
 		t.Fatal(err)
 	}
 	if g := gauge(); g != 1 {

@@ -4,7 +4,8 @@ import (
 	"fmt"
 )
 
-// Limit is what a policy, a tier or an override grants one tenant.
+// Limit is what a policy, a tier, a tenant limit or a runtime override
+// grants one tenant.
 type Limit struct {
 	Rate
 	// Unlimited skips counting entirely: no store call at all.
@@ -42,7 +43,8 @@ type Policy struct {
 	Name string
 	// Algorithm decides how buckets of this policy count.
 	Algorithm Algorithm
-	// Limit is the policy's own limit, used when no tier or override applies.
+	// Limit is the policy's own limit, used when no tier, tenant limit or
+	// runtime override applies.
 	Limit Limit
 	// Tiers maps a tier name to the limit of tenants in that tier.
 	Tiers map[string]Limit

@@ -320,7 +320,7 @@ func (r *Recorder) record(k recKey, rate Rate, units int64) {
 		r.entries[k] = e
 		r.count()
 	case e.rate.Window != rate.Window:
-		// The window changed (a new config or override): start over
+		// The window changed (a new config or a runtime override): start over
 		// with what still counts.
 		est := e.estimate(&k, now)
 		*e = *newRecEntry(rate, now)

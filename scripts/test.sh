@@ -29,6 +29,29 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
-# -p 1: one package at a time, so the latency bounds of the fault-injection
+# One package at a time, so the latency bounds of the fault-injection
 # tests are not measured while another package saturates the 2 cores.
-go test -race -count=1 -p 1 -timeout 30m "$@" ./...
+# Each package prints when it starts and ends, and a long one says it is
+# still running every 30 s.
+pkgs=$(go list ./...)
+total=$(echo "$pkgs" | wc -l)
+failed=()
+i=0
+suite_start=$SECONDS
+for pkg in $pkgs; do
+	i=$((i + 1))
+	echo "[$i/$total] $pkg"
+	start=$SECONDS
+	(while sleep 30; do echo "    ... $pkg still running ($((SECONDS - start)) s)"; done) &
+	ticker=$!
+	status=0
+	go test -race -count=1 -timeout 30m "$@" "$pkg" || status=$?
+	kill "$ticker" 2>/dev/null || true
+	wait "$ticker" 2>/dev/null || true
+	[ "$status" -eq 0 ] || failed+=("$pkg")
+done
+echo "all packages in $((SECONDS - suite_start)) s"
+if [ ${#failed[@]} -gt 0 ]; then
+	echo "FAILED: ${failed[*]}" >&2
+	exit 1
+fi

@@ -3,14 +3,11 @@ package surface
 import (
 	"context"
 	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/gate"
@@ -45,17 +42,6 @@ func provisionServer(tb testing.TB, cfg string) *Server {
 		_ = m.Close()
 	})
 	return s
-}
-
-var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
-
-// newCaddyRequest prepares a request as Caddy's server does: replacer,
-// vars (client IP), extra log fields.
-func newCaddyRequest(w http.ResponseWriter, tenant string) *http.Request {
-	r := httptest.NewRequest(http.MethodGet, "/api/items", nil)
-	r.RemoteAddr = "192.0.2.1:40000"
-	r.Header.Set("X-Tenant", tenant)
-	return caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
 }
 
 // poolsDropItems reports whether sync.Pool drops what is put back, as it

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
+
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
@@ -58,8 +60,8 @@ func TestRecordingAllocatesNothing(t *testing.T) {
 	perRequest := func(cfg string) float64 {
 		h := provisionServer(t, cfg)
 		return testing.AllocsPerRun(2000, func() {
-			r := newCaddyRequest(w, "acme")
-			_ = h.ServeHTTP(w, r, okHandler)
+			r := caddyreq.New(w, "acme")
+			_ = h.ServeHTTP(w, r, caddyreq.OK)
 		})
 	}
 	const cfg = `{"tenant":"{http.request.header.X-Tenant}","headers":"off",%s

@@ -4,6 +4,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
+
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -11,7 +13,7 @@ import (
 // Caddy's replacer does, whatever its shape.
 func TestTemplateExpandsAsReplacer(t *testing.T) {
 	w := httptest.NewRecorder()
-	r := newCaddyRequest(w, "acme")
+	r := caddyreq.New(w, "acme")
 	r.Header.Add("X-Multi", "a")
 	r.Header.Add("X-Multi", "b")
 	r.Header.Set("x-lower-case", "lc")
