@@ -2,7 +2,6 @@ package tollgate
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"runtime"
 	"slices"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/caddy-tollgate/config"
@@ -213,12 +211,8 @@ func TestDenialStreamTenantCut(t *testing.T) {
 func TestDenialStreamNeedsRedis(t *testing.T) {
 	// The Caddyfile refuses it with the line (see TestCaddyfileErrors);
 	// a JSON config is refused when it loads.
-	var c caddy.Config
 	cfg := `{"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[{"handler":"rate_limit","denials_stream":10,"rate_limits":{"api":{"max_events":1,"window":60000000000}}}]}]}}}}}`
-	if err := json.Unmarshal([]byte(cfg), &c); err != nil {
-		t.Fatal(err)
-	}
-	err := caddy.Validate(&c)
+	err := validateConfig([]byte(cfg))
 	if err == nil || !strings.Contains(err.Error(), "denials_stream: needs a redis block") {
 		t.Fatalf("error %v, want denials_stream: needs a redis block", err)
 	}

@@ -90,11 +90,7 @@ func startCaddyWith(t testing.TB, admin, globals, site string, extra func(cfg ma
 	t.Cleanup(caddyMu.Unlock)
 	s := &caddyServer{t: t, port: freePort(t), admin: admin}
 	s.base = fmt.Sprintf("http://127.0.0.1:%d", s.port)
-	t.Cleanup(func() {
-		if err := caddy.Stop(); err != nil {
-			t.Errorf("stopping caddy: %v", err)
-		}
-	})
+	t.Cleanup(func() { stopCaddy(t) })
 	s.load(globals, site, extra)
 	return s
 }
@@ -375,7 +371,7 @@ func TestMain(m *testing.M) {
 	// Caddy logs through one process-wide logger, stderr until a config
 	// says otherwise: silence it, so that a failing test prints its own
 	// logs (testLogFile) and not every test's.
-	if err := caddy.Load([]byte(`{"admin":{"disabled":true},"logging":{"logs":{"default":{"writer":{"output":"discard"}}}}}`), true); err != nil {
+	if err := silenceCaddy(); err != nil {
 		fmt.Fprintln(os.Stderr, "silencing Caddy's logs:", err)
 	}
 	code := m.Run()
@@ -576,13 +572,62 @@ func provisionHandler(tb testing.TB, cfg string) *Handler {
 	if err := json.Unmarshal([]byte(cfg), &h); err != nil {
 		tb.Fatal(err)
 	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	tb.Cleanup(cancel)
+	ctx := quietContext(tb)
 	if err := h.Provision(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { h.Cleanup() })
 	return &h
+}
+
+// discardLogging is a config's logging section that sends Caddy's
+// default log and the standard library's (the sink) nowhere.
+const discardLogging = `{"sink":{"writer":{"output":"discard"}},"logs":{"default":{"writer":{"output":"discard"}}}}`
+
+// silenceCaddy loads an empty config that logs nowhere. Caddy logs
+// through one process-wide default logger: every config without a
+// logging section of its own sets it to stderr, and stopping a config
+// leaves it on that config's (closed) writer, so tests put it back here.
+func silenceCaddy() error {
+	return caddy.Load([]byte(`{"admin":{"disabled":true},"logging":`+discardLogging+`}`), true)
+}
+
+// stopCaddy stops the config t loaded, leaving Caddy silent.
+func stopCaddy(t testing.TB) {
+	t.Helper()
+	if err := caddy.Stop(); err != nil {
+		t.Errorf("stopping caddy: %v", err)
+	}
+	if err := silenceCaddy(); err != nil {
+		t.Errorf("silencing caddy: %v", err)
+	}
+}
+
+// quietContext is a context to provision a module with outside a loaded
+// config, logging nowhere (caddy.NewContext alone gives modules a
+// development logger on stderr). It is cancelled when tb ends.
+func quietContext(tb testing.TB) caddy.Context {
+	parent := caddy.ActiveContext() // the silent config (silenceCaddy)
+	parent.Context = context.Background()
+	ctx, cancel := caddy.NewContext(parent)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
+// validateConfig provisions every module of cfg without starting
+// servers (caddy.Validate), logging nowhere.
+func validateConfig(cfg []byte) error {
+	var c caddy.Config
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		return err
+	}
+	if c.Logging == nil {
+		c.Logging = new(caddy.Logging)
+		if err := json.Unmarshal([]byte(discardLogging), c.Logging); err != nil {
+			return err
+		}
+	}
+	return caddy.Validate(&c)
 }
 
 // testLogFiles maps each test to its log file, made once per test: every

@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // llmUpstream is a small fake of a metered API. Every path reports the
@@ -450,7 +448,7 @@ func TestReadmeLLMExample(t *testing.T) {
 	s.base = fmt.Sprintf("http://127.0.0.1:%d", s.port)
 	caddyMu.Lock()
 	t.Cleanup(caddyMu.Unlock)
-	t.Cleanup(func() { _ = caddy.Stop() })
+	t.Cleanup(func() { stopCaddy(t) })
 	_, rest, _ := strings.Cut(strings.TrimSpace(block), " {")
 	src := fmt.Sprintf("{\n\tadmin %s\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\toutput discard\n\t}\n}\n\n%s {%s\n", admin, s.base, rest)
 	src = strings.NewReplacer("auth:9000", auth, "localhost:8000", up.addr).Replace(src)

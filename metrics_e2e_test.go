@@ -558,9 +558,7 @@ func TestBreakerGaugeAfterCleanup(t *testing.T) {
 	if err := json.Unmarshal([]byte(cfg), &h); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	if err := h.Provision(ctx); err != nil {
+	if err := h.Provision(quietContext(t)); err != nil {
 		t.Fatal(err)
 	}
 	w := httptest.NewRecorder()
@@ -642,7 +640,7 @@ func TestDocMetricsListener(t *testing.T) {
 	).Replace(block)
 	caddyMu.Lock()
 	defer caddyMu.Unlock()
-	t.Cleanup(func() { _ = caddy.Stop() })
+	t.Cleanup(func() { stopCaddy(t) })
 	if err := loadConfig(t, adaptCaddyfile(t, src)); err != nil {
 		t.Fatalf("loading: %v\n%s", err, src)
 	}

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
@@ -238,7 +237,7 @@ func startSiteBlock(t *testing.T, block string, replacements ...string) *caddySe
 	s.base = fmt.Sprintf("http://127.0.0.1:%d", s.port)
 	caddyMu.Lock()
 	t.Cleanup(caddyMu.Unlock)
-	t.Cleanup(func() { _ = caddy.Stop() })
+	t.Cleanup(func() { stopCaddy(t) })
 	site, rest, _ := strings.Cut(strings.TrimSpace(block), " {")
 	src := fmt.Sprintf("{\n\tadmin off\n\tpersist_config off\n\tauto_https off\n\tlog {\n\t\toutput discard\n\t}\n}\n\n%s {%s\n", s.base, rest)
 	src = strings.NewReplacer(replacements...).Replace(src)

@@ -1,0 +1,89 @@
+package metrics
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/limiter"
+)
+
+// Observer reports what a fleet.Backend measures into the collectors. It
+// is the fleet.Observer of every handler that records metrics.
+type Observer struct{}
+
+var _ fleet.Observer = Observer{}
+
+// RedisCall implements fleet.Observer.
+func (Observer) RedisCall(script, result string, d time.Duration) {
+	observeRedis(script, result, d)
+}
+
+// RedisQueued implements fleet.Observer.
+func (Observer) RedisQueued(wait time.Duration, shed bool) {
+	collectors.redisQueue.Observe(wait.Seconds())
+	if shed {
+		collectors.redisQueueShed.Inc()
+	}
+}
+
+// DenialsDropped implements fleet.Observer.
+func (Observer) DenialsDropped(reason string, n int) {
+	collectors.denialsDropped.WithLabelValues(reason).Add(float64(n))
+}
+
+// leaseCounters caches, per policy, the children of
+// caddy_rate_limit_lease_units_total, so counting spent units on the
+// request path is a map read and an atomic add.
+var leaseCounters sync.Map // policy name -> *[limiter.NumLeaseEvents]prometheus.Counter
+
+// ObserveLeaseUnits implements limiter.LeaseOptions.Observe.
+func ObserveLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
+	v, ok := leaseCounters.Load(policy)
+	if !ok {
+		var cs [limiter.NumLeaseEvents]prometheus.Counter
+		for e := range limiter.NumLeaseEvents {
+			cs[e] = collectors.leaseUnits.WithLabelValues(policy, e.String())
+		}
+		v, _ = leaseCounters.LoadOrStore(policy, &cs)
+	}
+	if ev < limiter.NumLeaseEvents && units > 0 {
+		v.(*[limiter.NumLeaseEvents]prometheus.Counter)[ev].Add(float64(units))
+	}
+}
+
+// The scripts and results the Redis store reports, so their label
+// children are resolved once; anything else is resolved per call.
+var (
+	redisScripts = [...]string{"decide", "peek", "dry", "force", "refund", "release", "lease", "lease_return"}
+	redisResults = [...]string{"ok", "error", "timeout", "noscript"}
+
+	redisChildrenOnce sync.Once
+	redisCallChildren [len(redisScripts)][len(redisResults)]prometheus.Counter
+	redisDurChildren  [len(redisScripts)]prometheus.Observer
+)
+
+// RedisScripts are the values of the script label.
+func RedisScripts() []string { return redisScripts[:] }
+
+// observeRedis records one Redis round trip.
+func observeRedis(script, result string, d time.Duration) {
+	redisChildrenOnce.Do(func() {
+		for i, s := range redisScripts {
+			redisDurChildren[i] = collectors.redisDuration.WithLabelValues(s)
+			for j, r := range redisResults {
+				redisCallChildren[i][j] = collectors.redisCalls.WithLabelValues(s, r)
+			}
+		}
+	})
+	si, ri := indexOf(redisScripts[:], script), indexOf(redisResults[:], result)
+	if si < 0 || ri < 0 {
+		collectors.redisCalls.WithLabelValues(script, result).Inc()
+		collectors.redisDuration.WithLabelValues(script).Observe(d.Seconds())
+		return
+	}
+	redisCallChildren[si][ri].Inc()
+	redisDurChildren[si].Observe(d.Seconds())
+}
