@@ -23,7 +23,8 @@ import (
 )
 
 // precomputeHeaders renders the header values of the policy's own limit
-// once; tiers and overrides are rendered per request.
+// once; tiers, tenant limits and runtime overrides are rendered per
+// request.
 func (p *policyRuntime) precomputeHeaders() {
 	p.ownPolicyHeader = policyHeader(p.Header, p.Engine.Algorithm, p.Engine.Limit.Rate)
 	p.ownLimitHeader = strconv.FormatInt(p.Engine.Limit.Limit, 10)
