@@ -45,13 +45,17 @@
 // # Formats
 //
 // A JSON body is one document. Scanning stops for good at the end of the
-// root object or at the first malformed byte (nesting deeper than 64
-// objects and arrays counts as malformed); values seen before stay, so a
+// root object or at the first malformed byte; values seen before stay, so a
 // body truncated because the client went away keeps what was seen. A body
 // whose root is not an object yields nothing. The scanner checks the
 // structure of the document, not the contents of its strings (control
 // characters, invalid escapes in strings that are not compared, invalid
-// UTF-8 are let through). A UTF-8 byte order mark at the start is skipped.
+// UTF-8 are let through). A value nested deeper than 64 objects and arrays,
+// where no path can reach, is skipped by counting its brackets outside its
+// strings, and scanning goes on after it: a usage object that follows a
+// tool call's arguments or an echoed JSON schema nested 200 levels deep is
+// found, in constant memory (the structure inside such a value is not
+// checked). A UTF-8 byte order mark at the start is skipped.
 //
 // A text/event-stream body (SSE) is read per the WHATWG event-stream rules
 // that matter here: lines end in LF, CRLF or CR; "data:<value>" or

@@ -22,8 +22,10 @@ const (
 	SSE
 )
 
-// maxDepth is the deepest nesting of objects and arrays scanned; a
-// document nested deeper is treated as malformed from that point.
+// maxDepth is the deepest nesting of objects and arrays whose structure is
+// scanned. No path reaches that deep (a path has at most maxSegs keys), so
+// a value nested deeper is skipped with a counter of open brackets
+// (stDeep): the document goes on being read after it.
 const maxDepth = 64
 
 // States of the JSON scanner (Extractor.st).
@@ -52,6 +54,9 @@ const (
 	stNumE                  // after 'e' or 'E'
 	stNumESign              // after the exponent's sign
 	stNumExp                // in exponent digits
+	stDeep                  // in a value nested deeper than maxDepth: counting brackets
+	stDeepStr               // in a string inside such a value
+	stDeepEsc               // after '\' in such a string
 )
 
 // States of the event-stream line parser (Extractor.ln).
@@ -99,6 +104,7 @@ type Extractor struct {
 	memC    uint8               // paths that continue below the current key
 	lit     string              // the rest of the literal being read
 	litI    int
+	deepN   int                 // open brackets of the value being skipped (stDeep)
 
 	// Key comparison (stKey...).
 	keyMatch uint8 // paths whose segment at this depth starts with the key so far
@@ -404,8 +410,8 @@ loop:
 				st = stNumMinus
 			case c == '{':
 				if e.depth == maxDepth {
-					st = stDone
-					break loop
+					st, e.deepN = stDeep, 1
+					continue
 				}
 				e.depth++
 				e.arrays &^= 1 << (e.depth - 1)
@@ -413,8 +419,8 @@ loop:
 				st = stObjFirst
 			case c == '[':
 				if e.depth == maxDepth {
-					st = stDone
-					break loop
+					st, e.deepN = stDeep, 1
+					continue
 				}
 				e.depth++
 				e.arrays |= 1 << (e.depth - 1)
@@ -682,6 +688,47 @@ loop:
 				st = stDone
 				break loop
 			}
+
+		case stDeep:
+			// Only brackets and strings matter until the value ends: no
+			// path reaches in, and its structure is not checked.
+			j := i
+			for j < n && p[j] != '"' && p[j] != '{' && p[j] != '}' && p[j] != '[' && p[j] != ']' {
+				j++
+			}
+			if i = j; i == n {
+				break loop
+			}
+			i++
+			switch p[j] {
+			case '"':
+				st = stDeepStr
+			case '{', '[':
+				e.deepN++
+			default:
+				if e.deepN--; e.deepN == 0 {
+					st = stAfter
+				}
+			}
+
+		case stDeepStr:
+			j := i
+			for j < n && p[j] != '"' && p[j] != '\\' {
+				j++
+			}
+			if i = j; i == n {
+				break loop
+			}
+			i++
+			if p[j] == '"' {
+				st = stDeep
+			} else {
+				st = stDeepEsc
+			}
+
+		case stDeepEsc:
+			i++
+			st = stDeepStr
 
 		default: // stDone
 			break loop

@@ -98,9 +98,6 @@ func (r *reference) result() result {
 	return found(min(sum, MaxCost))
 }
 
-// errTooDeep stops the walk where the Extractor stops.
-var errTooDeep = errors.New("too deep")
-
 // document applies the JSON document body, and reports false when it cannot
 // tell what the Extractor should find (body is not valid JSON, not UTF-8, or
 // has a number it cannot compute).
@@ -120,7 +117,7 @@ func (r *reference) document(p *Paths, body []byte) bool {
 	}
 	dups := false
 	err = r.walk(p, dec, tok, nil, true, 0, &dups)
-	if err != nil && err != errTooDeep {
+	if err != nil {
 		return false
 	}
 	if err == nil && !dups {
@@ -136,9 +133,6 @@ func (r *reference) document(p *Paths, body []byte) bool {
 func (r *reference) walk(p *Paths, dec *json.Decoder, tok json.Token, keys []string, reach bool, depth int, dups *bool) error {
 	switch v := tok.(type) {
 	case json.Delim:
-		if depth == maxDepth {
-			return errTooDeep
-		}
 		obj := v == '{'
 		seenKeys := map[string]bool{}
 		for dec.More() {
