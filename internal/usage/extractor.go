@@ -104,7 +104,7 @@ type Extractor struct {
 	memC    uint8               // paths that continue below the current key
 	lit     string              // the rest of the literal being read
 	litI    int
-	deepN   int                 // open brackets of the value being skipped (stDeep)
+	deepN   int // open brackets of the value being skipped (stDeep)
 
 	// Key comparison (stKey...).
 	keyMatch uint8 // paths whose segment at this depth starts with the key so far
