@@ -2,7 +2,7 @@ package tollgate
 
 import (
 	"bufio"
-	"compress/gzip"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,9 +12,15 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zlib"
+	"github.com/klauspost/compress/zstd"
 )
 
 // llmUpstream is a small fake of a metered API. Every path reports the
@@ -24,7 +30,9 @@ import (
 //	/sse/...      a streamed completion: chunks, a usage chunk, [DONE]
 //	/header/...   the X-Tokens response header
 //	/trailer/...  the X-Tokens trailer, after the body
-//	/gzip/...     the JSON completion, gzip-compressed
+//	/gzip/... /br/... /zstd/... /deflate/...
+//	              the JSON completion (?sse: the streamed one, each event
+//	              flushed) compressed with that Content-Encoding
 //	/text/...     the JSON completion served as text/plain
 //	/v1/chat/completions  OpenAI-compatible: streams when the request
 //	              body says "stream": true, with a usage chunk when it asks
@@ -35,10 +43,13 @@ import (
 type llmUpstream struct {
 	addr string
 	// gate is received from before each SSE event after the first of a
-	// ?gated request (a test paces the stream with it).
-	gate chan struct{}
+	// ?gated request (a test paces the stream with it); gate2 the same
+	// for ?gated=2.
+	gate, gate2 chan struct{}
 	// served counts the responses started.
 	served atomic.Int64
+	// sent holds the bytes of each compressed response, by X-Tenant.
+	sent sync.Map
 }
 
 func jsonBody(tokens int) string {
@@ -64,7 +75,7 @@ func sseBody(tokens int) string { return strings.Join(sseEvents(tokens, true), "
 
 func newLLMUpstream(t *testing.T) *llmUpstream {
 	t.Helper()
-	u := &llmUpstream{gate: make(chan struct{})}
+	u := &llmUpstream{gate: make(chan struct{}), gate2: make(chan struct{})}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -92,12 +103,8 @@ func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	case "text":
 		w.Header().Set("Content-Type", "text/plain")
 		io.WriteString(w, jsonBody(tokens))
-	case "gzip":
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Encoding", "gzip")
-		zw := gzip.NewWriter(w)
-		io.WriteString(zw, jsonBody(tokens))
-		zw.Close()
+	case "gzip", "br", "zstd", "deflate":
+		u.compressed(w, r, kind, tokens)
 	case "header":
 		// ?raw=v sends v as is; without tokens, no header at all.
 		if v := r.URL.Query().Get("raw"); v != "" {
@@ -112,8 +119,16 @@ func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "done")
 		w.Header().Set("X-Tokens", strconv.Itoa(tokens))
 	case "sse":
-		gated := r.URL.Query().Has("gated")
-		u.stream(w, r, sseEvents(tokens, true), gated)
+		var gate chan struct{}
+		switch r.URL.Query().Get("gated") {
+		case "2":
+			gate = u.gate2
+		case "":
+			if r.URL.Query().Has("gated") {
+				gate = u.gate
+			}
+		}
+		u.stream(w, r, sseEvents(tokens, true), gate)
 	case "v1":
 		var req struct {
 			Stream        bool `json:"stream"`
@@ -126,7 +141,7 @@ func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
 			tokens = 7000
 		}
 		if req.Stream {
-			u.stream(w, r, sseEvents(tokens, req.StreamOptions.IncludeUsage), false)
+			u.stream(w, r, sseEvents(tokens, req.StreamOptions.IncludeUsage), nil)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -138,17 +153,17 @@ func (u *llmUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// stream writes events as a text/event-stream, flushing each one; gated,
-// it waits for u.gate before each event after the first.
-func (u *llmUpstream) stream(w http.ResponseWriter, r *http.Request, events []string, gated bool) {
+// stream writes events as a text/event-stream, flushing each one; with a
+// gate, it waits for it before each event after the first.
+func (u *llmUpstream) stream(w http.ResponseWriter, r *http.Request, events []string, gate chan struct{}) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
 	for i, ev := range events {
-		if i > 0 && gated {
+		if i > 0 && gate != nil {
 			select {
-			case <-u.gate:
+			case <-gate:
 			case <-r.Context().Done():
 				return
 			}
@@ -158,6 +173,43 @@ func (u *llmUpstream) stream(w http.ResponseWriter, r *http.Request, events []st
 		}
 		_ = rc.Flush()
 	}
+}
+
+// compressed sends the completion compressed with enc, as JSON or (?sse)
+// as an event stream flushed after each event, and keeps the bytes sent.
+func (u *llmUpstream) compressed(w http.ResponseWriter, r *http.Request, enc string, tokens int) {
+	var sent bytes.Buffer
+	defer func() { u.sent.Store(r.Header.Get("X-Tenant"), sent.String()) }()
+	out := io.MultiWriter(w, &sent)
+	var zw interface {
+		io.WriteCloser
+		Flush() error
+	}
+	switch enc {
+	case "gzip":
+		zw = gzip.NewWriter(out)
+	case "br":
+		zw = brotli.NewWriter(out)
+	case "zstd":
+		zw, _ = zstd.NewWriter(out)
+	case "deflate":
+		zw = zlib.NewWriter(out)
+	}
+	w.Header().Set("Content-Encoding", enc)
+	events := []string{jsonBody(tokens)}
+	if r.URL.Query().Has("sse") {
+		w.Header().Set("Content-Type", "text/event-stream")
+		events = sseEvents(tokens, true)
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	rc := http.NewResponseController(w)
+	for _, ev := range events {
+		io.WriteString(zw, ev)
+		zw.Flush()
+		rc.Flush()
+	}
+	zw.Close()
 }
 
 // bigChunk is 32 KiB of text that never holds a usage value.
@@ -193,6 +245,9 @@ func meteredSite(upstream, algorithm string) string {
 		{"header", "header X-Tokens"},
 		{"trailer", "header X-Tokens"},
 		{"gzip", "json usage.total_tokens"},
+		{"br", "json usage.total_tokens"},
+		{"zstd", "json usage.total_tokens"},
+		{"deflate", "json usage.total_tokens"},
 		{"text", "json usage.total_tokens"},
 		{"big", "json usage.total_tokens"},
 	} {
@@ -246,7 +301,36 @@ func TestMeteredChargeSequence(t *testing.T) {
 	}
 }
 
-// TestMeteredCostMissing: a compressed body, a body that is not JSON, a
+// TestMeteredCompressed: a gzip, br or zstd body, JSON or an event stream
+// flushed event by event, reaches the client as the upstream compressed
+// it, byte for byte, and is charged what it reports: 30 tokens each, so
+// the 5th request is refused.
+func TestMeteredCompressed(t *testing.T) {
+	up := newLLMUpstream(t)
+	s := startCaddy(t, "", meteredSite(up.addr, "token_bucket"), nil)
+	for _, enc := range []string{"gzip", "br", "zstd"} {
+		for _, q := range []string{"", "&sse"} {
+			tenant := enc + q
+			var got []int
+			for i := range 5 {
+				res := s.get("/"+enc+"/x?tokens=30"+q, "X-Tenant", tenant, "Accept-Encoding", enc)
+				got = append(got, res.status)
+				if res.status != 200 {
+					continue
+				}
+				sent, _ := up.sent.Load(tenant)
+				if res.header.Get("Content-Encoding") != enc || res.body != sent.(string) {
+					t.Errorf("%s request %d: Content-Encoding %q, body %q; want %s and the %d bytes sent %q", tenant, i+1, res.header.Get("Content-Encoding"), res.body, enc, len(sent.(string)), sent)
+				}
+			}
+			if fmt.Sprint(got) != "[200 200 200 200 429]" {
+				t.Errorf("%s: statuses %v, want 4 admitted then 429 (30 tokens each of 100)", tenant, got)
+			}
+		}
+	}
+}
+
+// TestMeteredCostMissing: a body in a coding Tollgate does not read, a body that is not JSON, a
 // missing header and malformed values charge the up-front cost only and
 // are counted in cost_missing_total; a cost of 0 is a valid cost.
 func TestMeteredCostMissing(t *testing.T) {
@@ -257,7 +341,7 @@ func TestMeteredCostMissing(t *testing.T) {
 		path, tenant string
 		missing      bool
 	}{
-		{"/gzip/x?tokens=30", "gzip", true},
+		{"/deflate/x?tokens=30", "deflate", true},
 		{"/text/x?tokens=30", "text", true},
 		{"/header/x", "none", true},
 		{"/header/x?raw=abc", "abc", true},
@@ -278,11 +362,15 @@ func TestMeteredCostMissing(t *testing.T) {
 	}
 	after := scrapeMetrics(t, s.base+"/metrics")
 	for _, c := range []struct {
-		policy string
-		want   float64
-	}{{"m_gzip", 11}, {"m_text", 11}, {"m_header", 44}} {
-		if got := after.value("caddy_rate_limit_cost_missing_total", "policy", c.policy) - before.value("caddy_rate_limit_cost_missing_total", "policy", c.policy); got != c.want {
-			t.Errorf("cost_missing_total{policy=%q} grew by %v, want %v", c.policy, got, c.want)
+		policy, reason string
+		want           float64
+	}{
+		{"m_deflate", "compressed", 11}, {"m_deflate", "no_value", 0},
+		{"m_text", "not_json", 11}, {"m_text", "no_value", 0},
+		{"m_header", "no_value", 11}, {"m_header", "invalid_number", 33},
+	} {
+		if got := after.value("caddy_rate_limit_cost_missing_total", "policy", c.policy, "reason", c.reason) - before.value("caddy_rate_limit_cost_missing_total", "policy", c.policy, "reason", c.reason); got != c.want {
+			t.Errorf("cost_missing_total{policy=%q,reason=%q} grew by %v, want %v", c.policy, c.reason, got, c.want)
 		}
 	}
 }
@@ -332,10 +420,12 @@ func TestMeteredStreams(t *testing.T) {
 	all := len(sseEvents(30, true))
 	read(context.Background(), "stream-all", all)
 
-	// Gone right after the usage event (the 5th of 6): charged 30.
+	// Gone right after the usage event (the 5th of 6): charged 30, once
+	// the upstream, which goes on, has sent the rest.
 	ctx, cancel := context.WithCancel(context.Background())
 	read(ctx, "stream-gone", 5)
 	cancel()
+	up.gate <- struct{}{}
 	// The settlement follows the end of the proxied request; a request
 	// that costs 0 in the end shows the bucket in its header.
 	var rem string
@@ -400,13 +490,21 @@ func TestMeteredBigBodyMemoryFlat(t *testing.T) {
 	}
 }
 
-// TestMeteredWithEncode: in a site with encode, ordering rate_limit after
-// it (as the docs say) reads the body before it is compressed: the client
-// gets gzip, and the tokens are charged. (Without the order, every request
-// passes: the body is read compressed, so its cost is missing.)
+// TestMeteredWithEncode: in a site with encode, the client gets gzip and
+// the tokens are charged whether rate_limit reads the body before encode
+// compresses it (ordered after encode, as the docs say) or after (the
+// default order: read through a decompressor on the side).
 func TestMeteredWithEncode(t *testing.T) {
 	up := newLLMUpstream(t)
-	globals := "\torder rate_limit after encode\n\tlog {\n\t\toutput discard\n\t}"
+	for _, order := range []string{"\torder rate_limit after encode\n", ""} {
+		t.Run(fmt.Sprintf("ordered=%v", order != ""), func(t *testing.T) {
+			testMeteredWithEncode(t, up, order)
+		})
+	}
+}
+
+func testMeteredWithEncode(t *testing.T, up *llmUpstream, order string) {
+	globals := order + "\tlog {\n\t\toutput discard\n\t}"
 	s := startCaddy(t, globals, `
 	encode gzip
 	rate_limit {
@@ -537,8 +635,9 @@ func TestReadmeLLMExample(t *testing.T) {
 
 // TestMeteredReviewCases: a client cannot make a metered request free by
 // sending a cost of 0 up front; a client that leaves before the usage
-// event is charged the up-front cost; HEAD answers are not counted as
-// missing a cost; spaces around + are accepted in the Caddyfile.
+// event is charged the usage all the same (the upstream request goes on
+// and is drained); HEAD answers are not counted as missing a cost; spaces
+// around + are accepted in the Caddyfile.
 func TestMeteredReviewCases(t *testing.T) {
 	up := newLLMUpstream(t)
 	s := startCaddy(t, "", `
@@ -581,7 +680,8 @@ func TestMeteredReviewCases(t *testing.T) {
 		t.Errorf("a client sending cost 0: statuses %v, want 2 admitted (60 tokens each of 100) then 429", got)
 	}
 
-	// Gone after 2 events of 6 (before the usage event): 1 token.
+	// Gone after 2 events of 6 (before the usage event): the upstream
+	// is not cancelled, sends the rest, and the 30 tokens are charged.
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.base+"/sse/x?tokens=30&gated", nil)
 	req.Header.Set("X-Tenant", "early")
@@ -599,15 +699,22 @@ func TestMeteredReviewCases(t *testing.T) {
 	}
 	cancel()
 	res.Body.Close()
+	for i := 2; i < len(sseEvents(30, true)); i++ {
+		select {
+		case up.gate <- struct{}{}:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the upstream did not ask for event %d after the client left: cancelled?", i)
+		}
+	}
 	var rem string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		// The probe costs 0 in the end: its header shows the bucket.
-		if rem = s.get("/sse/x?tokens=0", "X-Tenant", "early").header.Get("X-Ratelimit-Remaining"); rem == "98" {
+		if rem = s.get("/sse/x?tokens=0", "X-Tenant", "early").header.Get("X-Ratelimit-Remaining"); rem == "69" {
 			break
 		}
 	}
-	if rem != "98" {
-		t.Errorf("after a client left before the usage event: remaining %s, want 98 (1 up front, then the probe's 1)", rem)
+	if rem != "69" {
+		t.Errorf("after a client left before the usage event: remaining %s, want 69 (the 30 tokens drained, then the probe's 1)", rem)
 	}
 
 	// HEAD has no body: charged up front, not a missing cost.
@@ -620,18 +727,17 @@ func TestMeteredReviewCases(t *testing.T) {
 		}
 		res.Body.Close()
 	}
-	// Only the early leaver is missing its cost. Its settlement runs when
-	// the server notices the client gone, which may come after the
-	// probes above (its cost was charged up front): wait for it.
-	missing := func() float64 {
-		after := scrapeMetrics(t, s.base+"/metrics")
-		return after.value("caddy_rate_limit_cost_missing_total", "policy", "rv_sse") - before.value("caddy_rate_limit_cost_missing_total", "policy", "rv_sse")
+	// Nothing is missing a cost: the early leaver was drained, HEAD
+	// answers are not counted.
+	after := scrapeMetrics(t, s.base+"/metrics")
+	for _, reason := range []string{"no_value", "client_gone"} {
+		if d := after.value("caddy_rate_limit_cost_missing_total", "policy", "rv_sse", "reason", reason) - before.value("caddy_rate_limit_cost_missing_total", "policy", "rv_sse", "reason", reason); d != 0 {
+			t.Errorf("cost_missing_total{policy=rv_sse,reason=%s} grew by %v, want 0", reason, d)
+		}
 	}
-	d := missing()
-	for deadline := time.Now().Add(5 * time.Second); d < 1 && time.Now().Before(deadline); d = missing() {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if d != 1 {
-		t.Errorf("cost_missing_total{policy=rv_sse} grew by %v, want 1 (the early leaver; HEAD answers are not counted)", d)
+	for event, want := range map[string]float64{"started": 1, "completed": 1, "cut_time": 0, "cut_bytes": 0, "refused": 0} {
+		if d := after.value("caddy_rate_limit_drains_total", "event", event) - before.value("caddy_rate_limit_drains_total", "event", event); d != want {
+			t.Errorf("drains_total{event=%s} grew by %v, want %v", event, d, want)
+		}
 	}
 }

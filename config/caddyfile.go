@@ -178,6 +178,7 @@ var handlerBlock = block[*Handler]{
 		h.NearLimit, err = p.nearLimit()
 		return err
 	}},
+	{name: "drain", usage: "drain off | drain { timeout <duration> max_bytes <size> max_concurrent <n> }", field: "drain", parse: parseDrain},
 	{name: "log_key", usage: "log_key", repeatable: true, field: "log_key", parse: func(p cfParser, h *Handler) error {
 		h.LogKey = true
 		return p.flag()

@@ -160,6 +160,10 @@ func TestCaddyfileHandlerDirectives(t *testing.T) {
 			Distributed: &DistributedConfig{ReadInterval: dur("2s"), WriteInterval: dur("3s"), PurgeAge: dur("1m")},
 			RateLimits:  map[string]*PolicyConfig{"z": {MaxEvents: 5, Window: dur("1m")}},
 		}},
+		{"drain off", withPolicy("drain off"), baseHandler(func(h *Handler) { h.Drain = &DrainConfig{Off: true} })},
+		{"drain block", withPolicy("drain {\n timeout 30s\n max_bytes 1MiB\n max_concurrent 7\n}"), baseHandler(func(h *Handler) {
+			h.Drain = &DrainConfig{Timeout: dur("30s"), MaxBytes: 1 << 20, MaxConcurrent: 7}
+		})},
 		{"storage", withPolicy("storage file_system /var/lib/rl"), baseHandler(func(h *Handler) {
 			h.StorageRaw = json.RawMessage(`{"module":"file_system","root":"/var/lib/rl"}`)
 		})},
@@ -323,6 +327,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"sweep_interval bad", withPolicy("sweep_interval often"), 2, []string{`sweep_interval: "often" is not a valid duration`}},
 		{"sweep_interval negative", withPolicy("sweep_interval -1m"), 2, []string{"must be a positive duration"}},
 		{"distributed args", withPolicy("distributed yes"), 2, []string{"distributed: wrong number of arguments (1)"}},
+		{"drain word", withPolicy("drain on"), 2, []string{`drain: "on": unknown argument (allowed: off, or a block)`}},
+		{"drain unknown", withPolicy("drain {\n max_time 1s\n}"), 3, []string{`drain: unknown subdirective "max_time" (allowed: timeout, max_bytes, max_concurrent)`}},
 		{"distributed unknown", withPolicy("distributed {\n read 1s\n}"), 3, []string{`distributed: unknown subdirective "read" (allowed: read_interval, write_interval, purge_age)`}},
 		{"distributed bad duration", withPolicy("distributed {\n purge_age forever\n}"), 3, []string{`purge_age: "forever" is not a valid duration`}},
 		{"storage no module", withPolicy("storage"), 2, []string{"storage: missing storage module name"}},

@@ -63,6 +63,11 @@ type Handler struct {
 	// list. A fraction above 0 and at most 1 (1: never near). Default 0.8.
 	NearLimit float64 `json:"near_limit,omitempty"`
 
+	// How metered responses are read on after their client went away, so
+	// that the usage at their end is charged (see DrainConfig). Absent:
+	// the defaults.
+	Drain *DrainConfig `json:"drain,omitempty"`
+
 	// Include the resolved tenant and key in log lines.
 	LogKey bool `json:"log_key,omitempty"`
 

@@ -148,6 +148,9 @@ func (h *Handler) validateHandler() error {
 	if err := checkNearLimit([]string{"near_limit"}, h.NearLimit); err != nil {
 		return err
 	}
+	if err := checkDrain(h.Drain); err != nil {
+		return err
+	}
 	if d := h.Distributed; d != nil {
 		for _, f := range []struct {
 			field string

@@ -129,6 +129,8 @@ func TestValidateConfigRejects(t *testing.T) {
 		{"cost_after cost 0", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost":0,"cost_after":{"header":"X-T"}}}}`, "rate_limits.api.cost: 0 with cost_after"},
 		{"cost_after bad header", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost_after":{"header":"X Tokens"}}}}`, `rate_limits.api.cost_after.header: "X Tokens": not a header name`},
 		{"cost_after bad path", `{"rate_limits":{"api":{"max_events":1,"window":"1s","cost_after":{"json":"usage..total"}}}}`, `rate_limits.api.cost_after.json: "usage..total": path 1 ("usage..total"): empty segment`},
+		{"drain negative timeout", `{"drain":{"timeout":"-1s"},"rate_limits":{"api":{"max_events":1,"window":"1s"}}}`, "drain.timeout: -1s: must not be negative (0 means 5m0s)"},
+		{"drain max_concurrent", `{"drain":{"max_concurrent":-3},"rate_limits":{"api":{"max_events":1,"window":"1s"}}}`, "drain.max_concurrent: -3: out of range (allowed: 0 to 1048576; 0 means 100)"},
 		{"cost_after distributed", `{"distributed":{},"rate_limits":{"api":{"max_events":1,"window":"1s","cost_after":{"header":"X-T"}}}}`, "rate_limits.api.cost_after: not with distributed"},
 		{"delay wrong algorithm", `{"rate_limits":{"api":{"algorithm":"sliding_window","max_events":1,"window":"1s","delay":"500ms"}}}`, "rate_limits.api.delay: applies only to token_bucket, gcra, not sliding_window"},
 		{"delay default algorithm", `{"rate_limits":{"api":{"max_events":1,"window":"1s","delay":"500ms"}}}`, "rate_limits.api.delay: applies only to token_bucket, gcra, not sliding_log"},

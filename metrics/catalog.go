@@ -117,6 +117,7 @@ var collectors = struct {
 	tenantNear     *prometheus.CounterVec
 	delay          *prometheus.HistogramVec
 	costMissing    *prometheus.CounterVec
+	drains         *prometheus.CounterVec
 	redisQueue     prometheus.Histogram
 	redisQueueShed prometheus.Counter
 }{
@@ -159,8 +160,11 @@ var collectors = struct {
 		"How long admitted requests waited for their turn in a policy with a delay, by policy (requests that passed at once are not observed).",
 		delayBuckets, "policy"),
 	costMissing: NewCounterVec("cost_missing_total",
-		"Metered requests (cost_after) whose response gave no valid cost, so only the up-front cost was charged, by policy.",
-		"policy"),
+		"Metered requests (cost_after) whose response gave no valid cost, by policy and reason: no_value, compressed, not_json, invalid_number.",
+		"policy", "reason"),
+	drains: NewCounterVec("drains_total",
+		"Metered responses read on after their client went away, so that the usage at their end is charged, by event: started, completed, cut_time, cut_bytes (cut at a bound), refused (every drain slot taken: not drained).",
+		"event"),
 	redisQueue: newHistogram("redis_queue_seconds",
 		"Time Redis calls waited in this instance before they were written to Redis (not counted against the Redis timeout)."),
 	redisQueueShed: newCounter("redis_queue_shed_total",

@@ -37,7 +37,14 @@ func NewHandler(redis bool, tenants int, policies []PolicyInfo) (*Handler, error
 	for i, p := range policies {
 		m.policies[i].init(i, p.Label, p.Engine, redis)
 		if p.Metered {
-			m.policies[i].costMissing = collectors.costMissing.WithLabelValues(p.Label)
+			// Every reason has a series from the start, so that
+			// increase() sees the first one.
+			for _, r := range CostMissingReasons {
+				collectors.costMissing.WithLabelValues(p.Label, r)
+			}
+			for _, e := range []string{DrainStarted, DrainCompleted, DrainCutTime, DrainCutBytes, DrainRefused} {
+				collectors.drains.WithLabelValues(e)
+			}
 		}
 		labels[i] = p.Label
 	}
@@ -82,12 +89,37 @@ func (m *Handler) Record(i int, v *limiter.Verdict, tenant string, near, admitte
 	}
 }
 
+// Why a metered response gave no cost: the reason label of
+// caddy_rate_limit_cost_missing_total.
+const (
+	CostNoValue       = "no_value"       // the header, trailer or paths were absent or invalid
+	CostCompressed    = "compressed"     // a Content-Encoding not read, or a body that could not be decompressed
+	CostNotJSON       = "not_json"       // a body of another media type
+	CostInvalidNumber = "invalid_number" // the header is not a non-negative integer
+	CostClientGone    = "client_gone"    // the client went away and the response could not be drained to its end
+)
+
+// CostMissingReasons lists every reason label.
+var CostMissingReasons = []string{CostNoValue, CostCompressed, CostNotJSON, CostInvalidNumber, CostClientGone}
+
+// Events of drains_total.
+const (
+	DrainStarted   = "started"   // a client went away: its metered response is read on
+	DrainCompleted = "completed" // the response ended while being drained
+	DrainCutTime   = "cut_time"  // read for the longest allowed: the upstream request was cancelled
+	DrainCutBytes  = "cut_bytes" // read the most bytes allowed: the upstream request was cancelled
+	DrainRefused   = "refused"   // every drain slot was taken: the upstream request was cancelled at once
+)
+
+// Drain counts a drain event.
+func (m *Handler) Drain(event string) {
+	collectors.drains.WithLabelValues(event).Inc()
+}
+
 // CostMissing counts a metered request of policy i whose response gave no
-// valid cost.
-func (m *Handler) CostMissing(i int) {
-	if c := m.policies[i].costMissing; c != nil {
-		c.Inc()
-	}
+// valid cost, and why (a short snake_case reason).
+func (m *Handler) CostMissing(i int, reason string) {
+	collectors.costMissing.WithLabelValues(m.policies[i].label, reason).Inc()
 }
 
 // policyMetrics holds a policy's label children, resolved at Provision so
@@ -102,9 +134,6 @@ type policyMetrics struct {
 	// delay observes the policy's waits; nil for a policy that never
 	// delays (resolved when used, for a runtime override).
 	delay prometheus.Observer
-	// costMissing counts the policy's metered requests charged only
-	// their up-front cost; nil for a policy that is not metered.
-	costMissing prometheus.Counter
 }
 
 func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis bool) {

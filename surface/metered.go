@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/internal/usage"
 	"github.com/tollgate/caddy-tollgate/limiter"
+	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
 // Metered costs (cost_after): a policy whose requests cost what their
@@ -43,14 +44,17 @@ func sameMeter(policies []*policyRuntime, m *config.Meter) *config.Meter {
 	return m
 }
 
-// Why a metered request was charged only its up-front cost.
+// Why a metered response gave no cost: the reason label of
+// caddy_rate_limit_cost_missing_total and of the debug log line.
 const (
-	missingNoValue    = "no value"       // the header, trailer or paths were absent or invalid
-	missingCompressed = "compressed"     // a Content-Encoding other than identity
-	missingNotJSON    = "not json"       // a body of another media type
-	missingNoResponse = "no response"    // the chain wrote nothing (an error is answered later)
-	missingBodiless   = "no body"        // HEAD, 204, 304 or an upgrade: no body to read
-	missingBadNumber  = "invalid number" // the header is not a non-negative integer
+	missingNoValue    = metrics.CostNoValue
+	missingCompressed = metrics.CostCompressed
+	missingNotJSON    = metrics.CostNotJSON
+	missingBadNumber  = metrics.CostInvalidNumber
+	missingClientGone = metrics.CostClientGone
+	// Not counted as missing: no cost was expected.
+	missingNoResponse = "no_response" // the chain wrote nothing (an error is answered later)
+	missingBodiless   = "no_body"     // HEAD, 204, 304 or an upgrade: no body to read
 )
 
 // meteredWriter passes a response through unchanged and reads its real
@@ -74,6 +78,15 @@ type meteredWriter struct {
 	// bodiless: the response has no body by definition (HEAD, 204, 304)
 	// or switched protocols: no cost is expected from it.
 	bodiless bool
+	// side decodes a compressed body for the extractors (nil when the
+	// body is not compressed); sideErr says why it stopped early.
+	side    *sideDecoder
+	sideErr error
+	// drain follows the client: once it is gone, the body is read
+	// without being written (see drain.go). clientLeft: it went away
+	// while nothing drained (drain off).
+	drain      *drain
+	clientLeft bool
 	// headers holds, per verdict, the value of its meter's header when
 	// the response header was written.
 	headers []string
@@ -84,6 +97,7 @@ func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*config.Meter) {
 	w.ResponseWriter = rw
 	w.meters = meters
 	w.wroteHeader, w.scan, w.skip, w.bodiless = false, false, "", false
+	w.side, w.sideErr, w.drain, w.clientLeft = nil, nil, nil, false
 	w.headers = w.headers[:0]
 	for range meters {
 		w.headers = append(w.headers, "")
@@ -114,8 +128,10 @@ func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*config.Meter) {
 
 // release drops the references to the request before pooling.
 func (w *meteredWriter) release() {
+	w.finishBody()
 	w.ResponseWriter = nil
 	w.meters = nil
+	w.drain = nil
 	clear(w.headers)
 }
 
@@ -144,7 +160,9 @@ func (w *meteredWriter) inspect() {
 	if len(w.ex) == 0 {
 		return
 	}
-	if enc := hdr.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
+	enc := hdr.Get("Content-Encoding")
+	compressed := enc != "" && !strings.EqualFold(enc, "identity")
+	if compressed && !sideDecodable(enc) {
 		w.skip = missingCompressed
 		return
 	}
@@ -152,6 +170,9 @@ func (w *meteredWriter) inspect() {
 	if format == 0 {
 		w.skip = missingNotJSON
 		return
+	}
+	if compressed {
+		w.side = startSideDecoder(enc, w.feed)
 	}
 	for i, k := range w.exOf {
 		if k >= 0 {
@@ -177,18 +198,64 @@ func bodyFormat(ct string) usage.Format {
 	return 0
 }
 
-// Write passes p on, then reads what was written.
+// Write passes p on, then reads what was written. Once the client is
+// gone, p is read without being written, within the drain's bounds.
 func (w *meteredWriter) Write(p []byte) (int, error) {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
+	dr := w.drain
+	if dr != nil && dr.gone.Load() {
+		return w.drained(p, 0)
+	}
 	n, err := w.ResponseWriter.Write(p)
-	if w.scan && n > 0 {
-		for k := range w.ex {
-			w.ex[k].Write(p[:n])
+	if err != nil && dr != nil {
+		// The client is gone, though its context may not say so yet.
+		dr.clientGone()
+		if dr.gone.Load() {
+			w.read(p[:n])
+			return w.drained(p, n)
 		}
 	}
+	w.read(p[:n])
 	return n, err
+}
+
+// drained reads p[n:] for a client that is gone, as if written.
+func (w *meteredWriter) drained(p []byte, n int) (int, error) {
+	if !w.drain.readGone(len(p) - n) {
+		return n, errDrainCut
+	}
+	w.read(p[n:])
+	return len(p), nil
+}
+
+// read passes the next bytes of the body on to be read, if it is.
+func (w *meteredWriter) read(p []byte) {
+	if !w.scan || len(p) == 0 {
+		return
+	}
+	if w.side != nil {
+		w.side.Write(p)
+	} else {
+		w.feed(p)
+	}
+}
+
+// feed passes the next bytes of the (decompressed) body to the extractors.
+func (w *meteredWriter) feed(p []byte) {
+	for k := range w.ex {
+		w.ex[k].Write(p)
+	}
+}
+
+// finishBody waits until a compressed body's decoder has fed everything
+// to the extractors (it runs in a goroutine of its own until then).
+func (w *meteredWriter) finishBody() {
+	if w.side != nil {
+		w.sideErr = w.side.finish()
+		w.side = nil
+	}
 }
 
 // Unwrap returns the writer underneath (http.ResponseController).
@@ -197,7 +264,7 @@ func (w *meteredWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // ReadFrom copies r through Write: the wrapped writer's ReadFrom would
 // bypass the reading.
 func (w *meteredWriter) ReadFrom(r io.Reader) (int64, error) {
-	if w.wroteHeader && !w.scan {
+	if w.wroteHeader && !w.scan && w.drain == nil {
 		// Nothing to read on the way: let the writer below copy (sendfile).
 		if rf, ok := w.ResponseWriter.(io.ReaderFrom); ok {
 			return rf.ReadFrom(r)
@@ -224,6 +291,9 @@ func (w *meteredWriter) Flush() {
 func (w *meteredWriter) FlushError() error {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
+	}
+	if w.drain != nil && w.drain.gone.Load() {
+		return nil // nobody to flush to
 	}
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
@@ -258,6 +328,12 @@ func (w *meteredWriter) cost(i int) (int64, string) {
 	if n, ok := w.ex[w.exOf[i]].Cost(); ok {
 		return n, ""
 	}
+	if w.sideErr != nil {
+		return limiter.NotMetered, missingCompressed
+	}
+	if w.drain.isCut() || w.clientLeft {
+		return limiter.NotMetered, missingClientGone
+	}
 	return limiter.NotMetered, missingNoValue
 }
 
@@ -276,16 +352,25 @@ func parseCostValue(v string) (int64, string) {
 
 // serveMetered passes r on through a meteredWriter and settles the real
 // costs of the metered policies once the chain has returned, or has
-// panicked: reverse_proxy aborts a response whose client went away with
-// http.ErrAbortHandler, and that request is charged what it saw too.
+// panicked (reverse_proxy aborts a response it could not finish with
+// http.ErrAbortHandler; that request is charged what was seen too). The
+// request goes on with a context its client's departure does not cancel:
+// the response is drained for its cost, within bounds (drain.go).
 func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) error {
 	mw := &st.writer
 	mw.reset(w, st.meters)
 	mw.bodiless = r.Method == http.MethodHead
+	dr := h.drains.watch(r)
+	mw.drain = dr
 	defer func() {
+		dr.end()
+		mw.clientLeft = dr == nil && r.Context().Err() != nil
 		h.settle(r, st, mw)
 		mw.release()
 	}()
+	if dr != nil {
+		r = r.WithContext(dr.ctx)
+	}
 	return next.ServeHTTP(mw, r)
 }
 
@@ -293,6 +378,7 @@ func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddy
 // context may be cancelled (client gone): the store calls have their own
 // deadlines.
 func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
+	mw.finishBody()
 	real := st.real[:0]
 	for i, m := range st.meters {
 		if m == nil {
@@ -304,7 +390,7 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 			// Charged only the up-front cost.
 			p := st.policies[i]
 			if why != missingNoResponse && why != missingBodiless && h.metrics != nil {
-				h.metrics.CostMissing(p.index)
+				h.metrics.CostMissing(p.index, why)
 			}
 			if ce := h.logger.Check(zapcore.DebugLevel, "metered cost missing; charged the up-front cost only"); ce != nil {
 				ce.Write(zap.String("policy", p.Name), zap.String("reason", why), zap.Int64("cost", st.items[i].Cost))

@@ -42,6 +42,8 @@ type Server struct {
 	// metrics and compat are nil when metrics are disabled.
 	metrics *metrics.Handler
 	compat  *compat.Metrics
+	// drains bounds the metered responses read after their client left.
+	drains *drainer
 }
 
 // New builds the server of g, whose configuration cfg is validated: it
@@ -61,6 +63,7 @@ func New(ctx caddy.Context, cfg *config.Handler, g *gate.Gate) (*Server, error) 
 	if err := h.provisionMetrics(ctx); err != nil {
 		return nil, err
 	}
+	h.drains = newDrainer(cfg, h.metrics)
 	// Events go to the events app when one is configured, which every
 	// subscription does; without it nobody could receive them.
 	if events, err := ctx.AppIfConfigured("events"); err == nil {
