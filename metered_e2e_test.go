@@ -741,3 +741,78 @@ func TestMeteredReviewCases(t *testing.T) {
 		}
 	}
 }
+
+// TestMeteredCostMissingCharges: a response without usage (a stream whose
+// request did not ask for it) is charged what cost_missing says: a fixed
+// number of units, or an estimate of 4 bytes per token of the request body
+// and of the generated text; the default stays the up-front cost.
+func TestMeteredCostMissingCharges(t *testing.T) {
+	up := newLLMUpstream(t)
+	s := startCaddy(t, "", `
+	handle /metrics {
+		metrics
+	}
+	rate_limit {
+		tenant {http.request.header.X-Tenant}
+		policy est {
+			match {
+				header X-Missing estimate
+			}
+			algorithm token_bucket
+			limit 1000
+			window 1h
+			cost_after json usage.total_tokens
+			cost_missing estimate
+		}
+		policy fixed {
+			match {
+				header X-Missing fixed
+			}
+			algorithm token_bucket
+			limit 1000
+			window 1h
+			cost_after json usage.total_tokens
+			cost_missing 500
+		}
+		policy upfront {
+			match {
+				header X-Missing upfront
+			}
+			algorithm token_bucket
+			limit 1000
+			window 1h
+			cost_after json usage.total_tokens
+		}
+	}
+	reverse_proxy `+up.addr, nil)
+	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Say hello to the world, please."}]}`
+	post := func(tenant, missing string) http.Header {
+		req, _ := http.NewRequest(http.MethodPost, s.base+"/v1/chat/completions?tokens=30", strings.NewReader(body))
+		req.Header.Set("X-Tenant", tenant)
+		req.Header.Set("X-Missing", missing)
+		res, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		if _, err := io.Copy(io.Discard, res.Body); err != nil {
+			t.Fatal(err)
+		}
+		return res.Header
+	}
+	// The generated text, as sent (escapes included): "" + "Hello" +
+	// ` world \"usage\": 999`.
+	text := len("Hello") + len(` world \"usage\": 999`)
+	estimate := (len(body)+3)/4 + (text+3)/4
+	for _, c := range []struct {
+		missing string
+		charged int
+	}{{"estimate", estimate}, {"fixed", 500}, {"upfront", 1}} {
+		post(c.missing, c.missing)
+		// A probe that costs 1 up front and is then charged the same.
+		rem := post(c.missing, c.missing).Get("X-Ratelimit-Remaining")
+		if want := strconv.Itoa(1000 - c.charged - 1); rem != want {
+			t.Errorf("cost_missing %s: remaining %s after one answer without usage, want %s (charged %d, then 1 up front)", c.missing, rem, want, c.charged)
+		}
+	}
+}

@@ -240,6 +240,11 @@ var policyBlock = block[*policyState]{
 		ps.pc.CostAfter, err = p.costAfter()
 		return err
 	}},
+	{name: "cost_missing", usage: "cost_missing <n>|estimate", field: "cost_missing", parse: func(p cfParser, ps *policyState) error {
+		s, err := p.word()
+		ps.pc.CostMissing = Cost(s)
+		return err
+	}},
 	{name: "min_interval", usage: "min_interval <duration>", field: "min_interval", parse: func(p cfParser, ps *policyState) (err error) {
 		ps.pc.MinInterval, err = p.durationArg()
 		return err

@@ -92,6 +92,13 @@ type PolicyConfig struct {
 	// delay) until it has paid the debt back. Not for concurrency.
 	CostAfter *CostAfterConfig `json:"cost_after,omitempty"`
 
+	// What a metered request is charged when its response gave no cost
+	// (no header or usage, the client gone before the drain reached it):
+	// "estimate" (the request's body bytes / 4 plus the response's
+	// generated text bytes / 4, see docs), or a number of units. Absent:
+	// its up-front cost only. Needs cost_after.
+	CostMissing Cost `json:"cost_missing,omitempty"`
+
 	// For sliding_log: the smallest gap between two admitted requests.
 	MinInterval caddy.Duration `json:"min_interval,omitempty"`
 

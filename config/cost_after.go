@@ -81,16 +81,54 @@ func validHeaderName(s string) bool {
 }
 
 // Meter is a compiled cost_after: Header is the canonical header name,
-// or Paths the JSON paths.
+// or Paths the JSON paths; Missing is what a response without a cost is
+// charged.
 type Meter struct {
 	Header string
 	Paths  *usage.Paths
+	// Missing is MissingUpFront, MissingEstimate or a number of units.
+	Missing int64
 }
+
+// Meter.Missing values that are not a number of units.
+const (
+	MissingUpFront  = -1 // charge the up-front cost only
+	MissingEstimate = -2 // charge an estimate
+)
 
 // Meter compiles the cost_after of the policy named name (validated with
 // it: see Validate); nil when the policy is not metered.
 func (pc *PolicyConfig) Meter(name string, alg limiter.Algorithm) (*Meter, error) {
-	return checkCostAfter([]string{"rate_limits", name, "cost_after"}, pc.CostAfter, alg, pc.Cost)
+	return pc.compileMeter([]string{"rate_limits", name}, alg)
+}
+
+// compileMeter checks and compiles cost_after and cost_missing of the
+// policy at path.
+func (pc *PolicyConfig) compileMeter(path []string, alg limiter.Algorithm) (*Meter, error) {
+	m, err := checkCostAfter(sub(path, "cost_after"), pc.CostAfter, alg, pc.Cost)
+	if err != nil {
+		return nil, err
+	}
+	if pc.CostMissing == "" {
+		if m != nil {
+			m.Missing = MissingUpFront
+		}
+		return m, nil
+	}
+	at2 := sub(path, "cost_missing")
+	if m == nil {
+		return nil, at(at2, "needs cost_after: only a metered policy can miss a cost")
+	}
+	if pc.CostMissing == "estimate" {
+		m.Missing = MissingEstimate
+		return m, nil
+	}
+	n, ok := pc.CostMissing.Constant()
+	if !ok || n < 0 || n > limiter.MaxCount {
+		return nil, at(at2, "%q: want estimate or an integer from 0 to %d", string(pc.CostMissing), int64(limiter.MaxCount))
+	}
+	m.Missing = n
+	return m, nil
 }
 
 // parseCostAfter reads `cost_after header <Name>` or `cost_after json

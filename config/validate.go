@@ -218,7 +218,7 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 	if err := checkCost(sub(path, "cost"), pc.Cost); err != nil {
 		return nil, err
 	}
-	if _, err := checkCostAfter(sub(path, "cost_after"), pc.CostAfter, alg, pc.Cost); err != nil {
+	if _, err := pc.compileMeter(path, alg); err != nil {
 		return nil, err
 	}
 	if pc.CostAfter != nil && h.Distributed != nil && h.Redis == nil {

@@ -36,7 +36,7 @@ func sameMeter(policies []*policyRuntime, m *config.Meter) *config.Meter {
 		return nil
 	}
 	for _, p := range policies {
-		if o := p.meter; o != nil && o.Header == m.Header && (o.Paths == nil) == (m.Paths == nil) &&
+		if o := p.meter; o != nil && o.Header == m.Header && o.Missing == m.Missing && (o.Paths == nil) == (m.Paths == nil) &&
 			(o.Paths == nil || o.Paths.String() == m.Paths.String()) {
 			return o
 		}
@@ -82,6 +82,10 @@ type meteredWriter struct {
 	// body is not compressed); sideErr says why it stopped early.
 	side    *sideDecoder
 	sideErr error
+	// text counts the generated text of the body when some meter charges
+	// an estimate for a missing cost (estimate is set).
+	text     usage.TextCounter
+	estimate bool
 	// drain follows the client: once it is gone, the body is read
 	// without being written (see drain.go). clientLeft: it went away
 	// while nothing drained (drain off).
@@ -98,6 +102,11 @@ func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*config.Meter) {
 	w.meters = meters
 	w.wroteHeader, w.scan, w.skip, w.bodiless = false, false, "", false
 	w.side, w.sideErr, w.drain, w.clientLeft = nil, nil, nil, false
+	w.text.Reset()
+	w.estimate = false
+	for _, m := range meters {
+		w.estimate = w.estimate || (m != nil && m.Missing == config.MissingEstimate)
+	}
 	w.headers = w.headers[:0]
 	for range meters {
 		w.headers = append(w.headers, "")
@@ -157,7 +166,7 @@ func (w *meteredWriter) inspect() {
 			w.headers[i] = hdr.Get(m.Header)
 		}
 	}
-	if len(w.ex) == 0 {
+	if len(w.ex) == 0 && !w.estimate {
 		return
 	}
 	enc := hdr.Get("Content-Encoding")
@@ -246,6 +255,9 @@ func (w *meteredWriter) read(p []byte) {
 func (w *meteredWriter) feed(p []byte) {
 	for k := range w.ex {
 		w.ex[k].Write(p)
+	}
+	if w.estimate {
+		w.text.Write(p)
 	}
 }
 
@@ -386,14 +398,20 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 			continue
 		}
 		n, why := mw.cost(i)
-		if n < 0 {
-			// Charged only the up-front cost.
+		if n < 0 && why != missingNoResponse && why != missingBodiless {
 			p := st.policies[i]
-			if why != missingNoResponse && why != missingBodiless && h.metrics != nil {
+			if h.metrics != nil {
 				h.metrics.CostMissing(p.index, why)
 			}
-			if ce := h.logger.Check(zapcore.DebugLevel, "metered cost missing; charged the up-front cost only"); ce != nil {
-				ce.Write(zap.String("policy", p.Name), zap.String("reason", why), zap.Int64("cost", st.items[i].Cost))
+			switch m.Missing {
+			case config.MissingUpFront:
+			case config.MissingEstimate:
+				n = estimateCost(r, mw)
+			default:
+				n = m.Missing
+			}
+			if ce := h.logger.Check(zapcore.DebugLevel, "metered cost missing"); ce != nil {
+				ce.Write(zap.String("policy", p.Name), zap.String("reason", why), zap.Int64("up_front", st.items[i].Cost), zap.Int64("charged", max(n, st.items[i].Cost)))
 			}
 		}
 		real = append(real, n)
@@ -403,6 +421,15 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 	if err := h.gate.Store.Settle(ctx, &st.decision, real); err != nil {
 		h.settleFailed(err)
 	}
+}
+
+// estimateCost estimates what a response without a usage cost, in
+// tokens: about 4 bytes of text per token, for the request's body (its
+// prompt, as sent; 0 when its length is unknown) and for the text the
+// response generated (internal/usage.TextCounter), rounded up, at least 1.
+func estimateCost(r *http.Request, mw *meteredWriter) int64 {
+	prompt := max(r.ContentLength, 0)
+	return max(1, (prompt+3)/4+(mw.text.Bytes()+3)/4)
 }
 
 // settleFailed reports a settlement the store could not take. A store
