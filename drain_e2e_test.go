@@ -10,7 +10,7 @@ import (
 
 // TestMeteredDrainBounds: a metered response whose client left is read on
 // within the drain bounds of its handler: one at a time here, so a second
-// client leaving meanwhile (over HTTP/2: a RST_STREAM) has its upstream
+// client leaving meanwhile has its upstream
 // request cancelled at once; a drain that outlives the timeout, or reads
 // past max_bytes, is cut. Each request is charged its usage when the
 // drain reached it, else its up-front unit, counted as client_gone.
@@ -110,12 +110,13 @@ func TestMeteredDrainBounds(t *testing.T) {
 	}
 	tr := testClient.Transport.(*http.Transport)
 
-	// a leaves before the usage event: drained (the only slot).
-	leave(tr, "/sse/x?tokens=30&gated", "a", 2)
+	// a resets its HTTP/2 stream before the usage event: drained (the
+	// only slot).
+	leave(h2c, "/sse/x?tokens=30&gated", "a", 2)
 	waitFor("a left", 1, "caddy_rate_limit_drains_total", "event", "started")
-	// b resets its HTTP/2 stream meanwhile: no slot, its upstream
+	// b closes its HTTP/1.1 connection meanwhile: no slot, its upstream
 	// request is cancelled (it stops waiting for its gate).
-	leave(h2c, "/sse/x?tokens=30&gated=2", "b", 2)
+	leave(tr, "/sse/x?tokens=30&gated=2", "b", 2)
 	waitFor("b left", 1, "caddy_rate_limit_drains_total", "event", "refused")
 	// a's upstream goes on and ends: 30 tokens charged.
 	release(up.gate, len(sseEvents(30, true))-1)

@@ -164,12 +164,30 @@ func (s *caddyServer) get(path string, headerPairs ...string) response {
 	return s.do(context.Background(), path, headerPairs...)
 }
 
+// post sends a POST of a JSON body to path with header pairs.
+func (s *caddyServer) post(path, body string, headerPairs ...string) response {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, s.base+path, strings.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return s.send(req, headerPairs...)
+}
+
 func (s *caddyServer) do(ctx context.Context, path string, headerPairs ...string) response {
 	s.t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.base+path, nil)
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	return s.send(req, headerPairs...)
+}
+
+// send sends req with header pairs and reads the whole answer.
+func (s *caddyServer) send(req *http.Request, headerPairs ...string) response {
+	s.t.Helper()
+	path := req.URL.Path
 	for i := 0; i+1 < len(headerPairs); i += 2 {
 		req.Header.Set(headerPairs[i], headerPairs[i+1])
 	}
@@ -180,10 +198,13 @@ func (s *caddyServer) do(ctx context.Context, path string, headerPairs ...string
 	for retry := 0; err != nil && droppedBeforeRequest(err) && retry < 5; retry++ {
 		time.Sleep(20 * time.Millisecond)
 		testClient.CloseIdleConnections()
+		if req.GetBody != nil {
+			req.Body, _ = req.GetBody()
+		}
 		res, err = testClient.Do(req)
 	}
 	if err != nil {
-		s.t.Fatalf("GET %s: %v", path, err)
+		s.t.Fatalf("%s %s: %v", req.Method, path, err)
 	}
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)

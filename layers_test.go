@@ -29,6 +29,7 @@ var layers = [][]string{
 var outside = map[string][]string{
 	"internal/topk":      nil,
 	"internal/usage":     nil,
+	"internal/llm":       {"internal/usage"},
 	"internal/redistest": nil,
 	"internal/caddyreq":  nil,
 	"cmd/caddy":          {"."},

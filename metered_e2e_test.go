@@ -66,6 +66,12 @@ func sseEvents(tokens int, withUsage bool) []string {
 		"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world \\\"usage\\\": 999\"},\"finish_reason\":\"stop\"}]}\n\n",
 	}
 	if withUsage {
+		// OpenAI adds "usage":null to every chunk once usage is asked.
+		for i, e := range ev {
+			if strings.HasPrefix(e, "data: {") {
+				ev[i] = strings.TrimSuffix(e, "}\n\n") + ",\"usage\":null}\n\n"
+			}
+		}
 		ev = append(ev, fmt.Sprintf("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", tokens/3, tokens-tokens/3, tokens))
 	}
 	return append(ev, "data: [DONE]\n\n")
@@ -535,8 +541,9 @@ func testMeteredWithEncode(t *testing.T, up *llmUpstream, order string) {
 // that reports 7000 tokens per answer, streamed or not. 20 000 tokens a
 // minute: 3 answers pass, the 4th request gets a 429 until 1001 tokens
 // have refilled; the day's quota and the admin API show the 21 000
-// tokens; a stream without include_usage is charged 1 token and counted
-// as missing.
+// tokens; a stream without include_usage is charged its 7000 tokens all
+// the same, and its client receives the stream it asked for (no usage
+// chunk, no "usage":null).
 func TestReadmeLLMExample(t *testing.T) {
 	block := docBlockWith(t, "tokens_per_day", "reverse_proxy localhost:8000")
 	up := newLLMUpstream(t)
@@ -565,20 +572,8 @@ func TestReadmeLLMExample(t *testing.T) {
 				body += `,"stream_options":{"include_usage":true}`
 			}
 		}
-		req, _ := http.NewRequest(http.MethodPost, s.base+"/v1/chat/completions", strings.NewReader(body+"}"))
-		req.Header.Set("Authorization", "Bearer "+user)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Tenant-Id", "bob") // spoofing: overwritten by forward_auth
-		res, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, err := io.ReadAll(res.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return response{status: res.StatusCode, header: res.Header, body: string(b)}
+		// X-Tenant-Id: spoofing, overwritten by forward_auth.
+		return s.post("/v1/chat/completions", body+"}", "Authorization", "Bearer "+user, "X-Tenant-Id", "bob")
 	}
 	if r := chat("alice", false, false); r.status != 200 || r.body != jsonBody(7000) {
 		t.Fatalf("answer 1: %d %q", r.status, r.body)
@@ -596,9 +591,9 @@ func TestReadmeLLMExample(t *testing.T) {
 		t.Errorf("request 4: status %d Retry-After %q RateLimit %q; want a 429 for 1001 tokens at 20000/min (3.003s: 4, or 3 after a refill), r=0",
 			r.status, r.header.Get("Retry-After"), r.header.Get("RateLimit"))
 	}
-	for range 5 {
-		if r := chat("bob", true, false); r.status != 200 {
-			t.Fatalf("bob: %d", r.status)
+	for range 2 {
+		if r := chat("bob", true, false); r.status != 200 || r.body != strings.Join(sseEvents(7000, false), "") {
+			t.Fatalf("bob's stream without include_usage: %d %q, want the stream without usage", r.status, r.body)
 		}
 	}
 
@@ -628,8 +623,8 @@ func TestReadmeLLMExample(t *testing.T) {
 		t.Errorf("alice's usage %v, want 979000 tokens left today and none this minute", got)
 	}
 	// A day is a fixed window: exact whenever it is read.
-	if got := usage("bob"); got["tokens_per_day"] != 1_000_000-5 {
-		t.Errorf("bob's usage after 5 streams without usage: %v, want 999995 tokens left today (1 each)", got)
+	if got := usage("bob"); got["tokens_per_day"] != 1_000_000-14_000 {
+		t.Errorf("bob's usage after 2 streams without include_usage: %v, want 986000 tokens left today (7000 each)", got)
 	}
 }
 
@@ -699,6 +694,17 @@ func TestMeteredReviewCases(t *testing.T) {
 	}
 	cancel()
 	res.Body.Close()
+	// Once the server has seen the client go (else the rest would just
+	// be written to a closed connection), the upstream goes on.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		after := scrapeMetrics(t, s.base+"/metrics")
+		if after.value("caddy_rate_limit_drains_total", "event", "started")-before.value("caddy_rate_limit_drains_total", "event", "started") == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no drain started 5s after the client left")
+		}
+	}
 	for i := 2; i < len(sseEvents(30, true)); i++ {
 		select {
 		case up.gate <- struct{}{}:
@@ -787,18 +793,7 @@ func TestMeteredCostMissingCharges(t *testing.T) {
 	reverse_proxy `+up.addr, nil)
 	body := `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Say hello to the world, please."}]}`
 	post := func(tenant, missing string) http.Header {
-		req, _ := http.NewRequest(http.MethodPost, s.base+"/v1/chat/completions?tokens=30", strings.NewReader(body))
-		req.Header.Set("X-Tenant", tenant)
-		req.Header.Set("X-Missing", missing)
-		res, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		if _, err := io.Copy(io.Discard, res.Body); err != nil {
-			t.Fatal(err)
-		}
-		return res.Header
+		return s.post("/v1/chat/completions?tokens=30", body, "X-Tenant", tenant, "X-Missing", missing).header
 	}
 	// The generated text, as sent (escapes included): "" + "Hello" +
 	// ` world \"usage\": 999`.

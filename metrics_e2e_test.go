@@ -41,7 +41,9 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_near_limit_total":          {Kind: "counter", Labels: []string{"policy"}},
 		"caddy_rate_limit_tenant_near_limit_total":   {Kind: "counter", Labels: []string{"policy", "tenant"}},
 		"caddy_rate_limit_delay_seconds":             {Kind: "histogram", Labels: []string{"policy"}},
-		"caddy_rate_limit_cost_missing_total":        {Kind: "counter", Labels: []string{"policy"}},
+		"caddy_rate_limit_cost_missing_total":        {Kind: "counter", Labels: []string{"policy", "reason"}},
+		"caddy_rate_limit_drains_total":              {Kind: "counter", Labels: []string{"event"}},
+		"caddy_rate_limit_llm_requests_total":        {Kind: "counter", Labels: []string{"result"}},
 		"caddy_rate_limit_redis_queue_seconds":       {Kind: "histogram", Labels: nil},
 		"caddy_rate_limit_redis_queue_shed_total":    {Kind: "counter", Labels: nil},
 		// caddy-ratelimit's families, without its unbounded key label.

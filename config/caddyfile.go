@@ -240,6 +240,11 @@ var policyBlock = block[*policyState]{
 		ps.pc.CostAfter, err = p.costAfter()
 		return err
 	}},
+	{name: "price", usage: priceForm, repeatable: true, field: "prices", parse: func(p cfParser, ps *policyState) error {
+		pc, err := p.price()
+		ps.pc.Prices = append(ps.pc.Prices, pc)
+		return err
+	}},
 	{name: "cost_missing", usage: "cost_missing <n>|estimate", field: "cost_missing", parse: func(p cfParser, ps *policyState) error {
 		s, err := p.word()
 		ps.pc.CostMissing = Cost(s)

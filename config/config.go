@@ -99,6 +99,11 @@ type PolicyConfig struct {
 	// its up-front cost only. Needs cost_after.
 	CostMissing Cost `json:"cost_missing,omitempty"`
 
+	// Prices per model for cost_after openai|anthropic: the charge is
+	// the answer's tokens at the prices of the request's model, in the
+	// policy's units (see PriceConfig).
+	Prices []PriceConfig `json:"prices,omitempty"`
+
 	// For sliding_log: the smallest gap between two admitted requests.
 	MinInterval caddy.Duration `json:"min_interval,omitempty"`
 

@@ -4,13 +4,23 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/tollgate/caddy-tollgate/internal/llm"
 	"github.com/tollgate/caddy-tollgate/internal/usage"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // CostAfterConfig says where a metered policy reads a request's real cost
-// from its response. Exactly one of header and json is set.
+// from its response. Exactly one of preset, header and json is set.
 type CostAfterConfig struct {
+	// An LLM API shape: "openai" (OpenAI-compatible chat completions,
+	// completions and the Responses API) or "anthropic" (Messages). The
+	// cost is the answer's input plus output tokens, or their price (see
+	// prices); the request body is read for its model, and a streamed
+	// OpenAI-style chat or completions request is made to report its
+	// usage (stream_options.include_usage), which is then removed from
+	// what the client receives when it did not ask for it.
+	Preset string `json:"preset,omitempty"`
+
 	// The response header, or trailer, that carries the real cost: a
 	// non-negative integer, e.g. `X-Tokens-Used`. A trailer wins over a
 	// header of the same name.
@@ -28,7 +38,7 @@ type CostAfterConfig struct {
 }
 
 // costAfterForms is what the error messages offer.
-const costAfterForms = "cost_after header <Name> | cost_after json <path>[+<path>...]"
+const costAfterForms = "cost_after openai | cost_after anthropic | cost_after header <Name> | cost_after json <path>[+<path>...]"
 
 // checkCostAfter checks the cost_after of a policy at path, whose
 // algorithm is alg and up-front cost c, and compiles it.
@@ -36,16 +46,29 @@ func checkCostAfter(path []string, ca *CostAfterConfig, alg limiter.Algorithm, c
 	if ca == nil {
 		return nil, nil
 	}
+	set := 0
+	for _, s := range []string{ca.Preset, ca.Header, ca.JSON} {
+		if s != "" {
+			set++
+		}
+	}
 	switch {
-	case ca.Header == "" && ca.JSON == "":
-		return nil, at(path, "set header or json (%s)", costAfterForms)
-	case ca.Header != "" && ca.JSON != "":
-		return nil, at(path, "header and json exclude each other (%s)", costAfterForms)
+	case set == 0:
+		return nil, at(path, "set preset, header or json (%s)", costAfterForms)
+	case set > 1:
+		return nil, at(path, "preset, header and json exclude each other (%s)", costAfterForms)
 	case alg == limiter.Concurrency:
 		return nil, at(path, "not with algorithm concurrency, which counts requests in flight, not units (allowed: %s)", meteredAlgorithms)
 	}
 	if n, ok := c.Constant(); ok && n == 0 {
 		return nil, at(sub(path[:len(path)-1], "cost"), "0 with cost_after: a request must be charged at least 1 unit up front, or a tenant in debt is never refused")
+	}
+	if ca.Preset != "" {
+		p, ok := llm.ParseProvider(ca.Preset)
+		if !ok {
+			return nil, at(sub(path, "preset"), "%q: unknown preset (allowed: openai, anthropic)", ca.Preset)
+		}
+		return &Meter{Preset: p, Paths: p.Paths()}, nil
 	}
 	if ca.Header != "" {
 		if !validHeaderName(ca.Header) {
@@ -86,6 +109,11 @@ func validHeaderName(s string) bool {
 type Meter struct {
 	Header string
 	Paths  *usage.Paths
+	// Preset is the LLM API of cost_after openai|anthropic (Paths are
+	// its usage paths), 0 for the other forms.
+	Preset llm.Provider
+	// Prices turn a preset's tokens into units; nil: a token is a unit.
+	Prices *llm.Prices
 	// Missing is MissingUpFront, MissingEstimate or a number of units.
 	Missing int64
 }
@@ -109,8 +137,14 @@ func (pc *PolicyConfig) compileMeter(path []string, alg limiter.Algorithm) (*Met
 	if err != nil {
 		return nil, err
 	}
+	if err := compilePrices(path, pc.Prices, m); err != nil {
+		return nil, err
+	}
 	if pc.CostMissing == "" {
-		if m != nil {
+		switch {
+		case m != nil && m.Preset != 0:
+			m.Missing = MissingEstimate // a token budget a client cannot dodge
+		case m != nil:
 			m.Missing = MissingUpFront
 		}
 		return m, nil
@@ -134,18 +168,23 @@ func (pc *PolicyConfig) compileMeter(path []string, alg limiter.Algorithm) (*Met
 // parseCostAfter reads `cost_after header <Name>` or `cost_after json
 // <path>[+<path>...]`.
 func (p cfParser) costAfter() (*CostAfterConfig, error) {
-	args, err := p.args(2, -1)
+	args, err := p.args(1, -1)
 	if err != nil {
 		return nil, err
+	}
+	if len(args) == 1 && args[0] != "openai" && args[0] != "anthropic" {
+		return nil, p.dirErr("wrong number of arguments (1); usage: %s", costAfterForms)
 	}
 	switch {
 	case args[0] == "header" && len(args) == 2:
 		return &CostAfterConfig{Header: args[1]}, nil
+	case (args[0] == "openai" || args[0] == "anthropic") && len(args) == 1:
+		return &CostAfterConfig{Preset: args[0]}, nil
 	case args[0] == "json":
 		// "usage.a + usage.b" arrives as three arguments.
 		return &CostAfterConfig{JSON: strings.Join(args[1:], " ")}, nil
 	case args[0] == "header":
 		return nil, p.dirErr("wrong number of arguments (%d); usage: %s", len(args), costAfterForms)
 	}
-	return nil, p.dirErr("%q: unknown source (allowed: header, json); usage: %s", args[0], costAfterForms)
+	return nil, p.dirErr("%q: unknown source (allowed: openai, anthropic, header, json); usage: %s", args[0], costAfterForms)
 }

@@ -118,6 +118,7 @@ var collectors = struct {
 	delay          *prometheus.HistogramVec
 	costMissing    *prometheus.CounterVec
 	drains         *prometheus.CounterVec
+	llmRequests    *prometheus.CounterVec
 	redisQueue     prometheus.Histogram
 	redisQueueShed prometheus.Counter
 }{
@@ -165,6 +166,9 @@ var collectors = struct {
 	drains: NewCounterVec("drains_total",
 		"Metered responses read on after their client went away, so that the usage at their end is charged, by event: started, completed, cut_time, cut_bytes (cut at a bound), refused (every drain slot taken: not drained).",
 		"event"),
+	llmRequests: NewCounterVec("llm_requests_total",
+		"Request bodies read for a cost_after preset (openai, anthropic), by result: read, usage_requested (stream_options.include_usage set for the client), too_large and not_json (passed on untouched), no_body.",
+		"result"),
 	redisQueue: newHistogram("redis_queue_seconds",
 		"Time Redis calls waited in this instance before they were written to Redis (not counted against the Redis timeout)."),
 	redisQueueShed: newCounter("redis_queue_shed_total",

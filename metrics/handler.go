@@ -111,6 +111,12 @@ const (
 	DrainRefused   = "refused"   // every drain slot was taken: the upstream request was cancelled at once
 )
 
+// LLMRequest counts a request body read for a cost_after preset, by
+// result: read, usage_requested, too_large, not_json, no_body.
+func (m *Handler) LLMRequest(result string) {
+	collectors.llmRequests.WithLabelValues(result).Inc()
+}
+
 // Drain counts a drain event.
 func (m *Handler) Drain(event string) {
 	collectors.drains.WithLabelValues(event).Inc()

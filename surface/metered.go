@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/tollgate/caddy-tollgate/config"
+	"github.com/tollgate/caddy-tollgate/internal/llm"
 	"github.com/tollgate/caddy-tollgate/internal/usage"
 	"github.com/tollgate/caddy-tollgate/limiter"
 	"github.com/tollgate/caddy-tollgate/metrics"
@@ -36,7 +37,7 @@ func sameMeter(policies []*policyRuntime, m *config.Meter) *config.Meter {
 		return nil
 	}
 	for _, p := range policies {
-		if o := p.meter; o != nil && o.Header == m.Header && o.Missing == m.Missing && (o.Paths == nil) == (m.Paths == nil) &&
+		if o := p.meter; o != nil && o.Header == m.Header && o.Missing == m.Missing && o.Preset == m.Preset && o.Prices == m.Prices && (o.Paths == nil) == (m.Paths == nil) &&
 			(o.Paths == nil || o.Paths.String() == m.Paths.String()) {
 			return o
 		}
@@ -55,6 +56,7 @@ const (
 	// Not counted as missing: no cost was expected.
 	missingNoResponse = "no_response" // the chain wrote nothing (an error is answered later)
 	missingBodiless   = "no_body"     // HEAD, 204, 304 or an upgrade: no body to read
+	missingFailed     = "failed"      // a 4xx or 5xx answer without a cost: the work was not done
 )
 
 // meteredWriter passes a response through unchanged and reads its real
@@ -73,6 +75,7 @@ type meteredWriter struct {
 	ex          []usage.Extractor
 	exOf        []int
 	wroteHeader bool
+	status      int
 	scan        bool
 	skip        string
 	// bodiless: the response has no body by definition (HEAD, 204, 304)
@@ -82,6 +85,13 @@ type meteredWriter struct {
 	// body is not compressed); sideErr says why it stopped early.
 	side    *sideDecoder
 	sideErr error
+	// model is the request's model (preset prices); stripReq: take out
+	// of an event stream what include_usage added (stripping once the
+	// header says the body is one).
+	model     string
+	stripReq  bool
+	stripping bool
+	stripper  llm.UsageStripper
 	// text counts the generated text of the body when some meter charges
 	// an estimate for a missing cost (estimate is set).
 	text     usage.TextCounter
@@ -102,6 +112,7 @@ func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*config.Meter) {
 	w.meters = meters
 	w.wroteHeader, w.scan, w.skip, w.bodiless = false, false, "", false
 	w.side, w.sideErr, w.drain, w.clientLeft = nil, nil, nil, false
+	w.model, w.stripReq, w.stripping = "", false, false
 	w.text.Reset()
 	w.estimate = false
 	for _, m := range meters {
@@ -151,7 +162,7 @@ func (w *meteredWriter) WriteHeader(status int) {
 	case status == http.StatusSwitchingProtocols:
 		w.bodiless = true
 	case status >= 200:
-		w.wroteHeader = true
+		w.wroteHeader, w.status = true, status
 		w.bodiless = w.bodiless || status == http.StatusNoContent || status == http.StatusNotModified
 		w.inspect()
 	}
@@ -182,6 +193,10 @@ func (w *meteredWriter) inspect() {
 	}
 	if compressed {
 		w.side = startSideDecoder(enc, w.feed)
+	}
+	if w.stripReq && format == usage.SSE && !compressed && hdr.Get("Content-Length") == "" {
+		w.stripping = true
+		w.stripper.Reset(w.ResponseWriter)
 	}
 	for i, k := range w.exOf {
 		if k >= 0 {
@@ -217,7 +232,7 @@ func (w *meteredWriter) Write(p []byte) (int, error) {
 	if dr != nil && dr.gone.Load() {
 		return w.drained(p, 0)
 	}
-	n, err := w.ResponseWriter.Write(p)
+	n, err := w.clientWrite(p)
 	if err != nil && dr != nil {
 		// The client is gone, though its context may not say so yet.
 		dr.clientGone()
@@ -228,6 +243,26 @@ func (w *meteredWriter) Write(p []byte) (int, error) {
 	}
 	w.read(p[:n])
 	return n, err
+}
+
+// clientWrite writes p to the client, through the stripper if need be.
+func (w *meteredWriter) clientWrite(p []byte) (int, error) {
+	if w.stripping {
+		return w.stripper.Write(p)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// finishStripping writes what the stripper holds (an unfinished last
+// event), once the chain has returned.
+func (w *meteredWriter) finishStripping() {
+	if w.stripping {
+		w.stripping = false
+		if w.drain == nil || !w.drain.gone.Load() {
+			_ = w.stripper.Close()
+		}
+		w.stripper.Reset(nil)
+	}
 }
 
 // drained reads p[n:] for a client that is gone, as if written.
@@ -329,16 +364,30 @@ func (w *meteredWriter) cost(i int) (int64, string) {
 		if v == "" {
 			v = w.headers[i]
 		}
+		if v == "" && w.status >= 400 {
+			return limiter.NotMetered, missingFailed
+		}
 		if v == "" {
 			return limiter.NotMetered, missingNoValue
 		}
 		return parseCostValue(v)
 	}
 	if !w.scan {
+		if w.status >= 400 {
+			return limiter.NotMetered, missingFailed
+		}
 		return limiter.NotMetered, w.skip
 	}
-	if n, ok := w.ex[w.exOf[i]].Cost(); ok {
+	ex := &w.ex[w.exOf[i]]
+	if m.Preset != 0 {
+		if t, ok := m.Preset.Tokens(ex); ok {
+			return priceTokens(m, t, w.model), ""
+		}
+	} else if n, ok := ex.Cost(); ok {
 		return n, ""
+	}
+	if w.status >= 400 {
+		return limiter.NotMetered, missingFailed
 	}
 	if w.sideErr != nil {
 		return limiter.NotMetered, missingCompressed
@@ -372,9 +421,11 @@ func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddy
 	mw := &st.writer
 	mw.reset(w, st.meters)
 	mw.bodiless = r.Method == http.MethodHead
+	mw.model, mw.stripReq = st.model, st.strip
 	dr := h.drains.watch(r)
 	mw.drain = dr
 	defer func() {
+		mw.finishStripping()
 		dr.end()
 		mw.clientLeft = dr == nil && r.Context().Err() != nil
 		h.settle(r, st, mw)
@@ -398,7 +449,7 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 			continue
 		}
 		n, why := mw.cost(i)
-		if n < 0 && why != missingNoResponse && why != missingBodiless {
+		if n < 0 && why != missingNoResponse && why != missingBodiless && why != missingFailed {
 			p := st.policies[i]
 			if h.metrics != nil {
 				h.metrics.CostMissing(p.index, why)
@@ -406,7 +457,7 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 			switch m.Missing {
 			case config.MissingUpFront:
 			case config.MissingEstimate:
-				n = estimateCost(r, mw)
+				n = estimateCost(m, st, r, mw)
 			default:
 				n = m.Missing
 			}
@@ -424,12 +475,17 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 }
 
 // estimateCost estimates what a response without a usage cost, in
-// tokens: about 4 bytes of text per token, for the request's body (its
-// prompt, as sent; 0 when its length is unknown) and for the text the
-// response generated (internal/usage.TextCounter), rounded up, at least 1.
-func estimateCost(r *http.Request, mw *meteredWriter) int64 {
-	prompt := max(r.ContentLength, 0)
-	return max(1, (prompt+3)/4+(mw.text.Bytes()+3)/4)
+// tokens (priced for a preset with prices): about 4 bytes of text per
+// token, for the request's body (its prompt, as sent; 0 when its length
+// is unknown) and for the text the response generated
+// (internal/usage.TextCounter), rounded up, at least 1.
+func estimateCost(m *config.Meter, st *requestState, r *http.Request, mw *meteredWriter) int64 {
+	prompt := st.bodyLen
+	if prompt < 0 {
+		prompt = max(r.ContentLength, 0)
+	}
+	t := llm.Tokens{Input: (prompt + 3) / 4, Output: (mw.text.Bytes() + 3) / 4}
+	return max(1, priceTokens(m, t, st.model))
 }
 
 // settleFailed reports a settlement the store could not take. A store

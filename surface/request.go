@@ -72,6 +72,12 @@ type requestState struct {
 	metered bool
 	real    []int64
 	writer  meteredWriter
+	// model is the request body's model, bodyLen its length (-1:
+	// unknown), strip: include_usage was set for the client (see
+	// readLLMRequest).
+	model   string
+	bodyLen int64
+	strip   bool
 }
 
 var requestStates = sync.Pool{New: func() any { return new(requestState) }}
@@ -86,6 +92,7 @@ func getRequestState() *requestState {
 	s.meters = s.meters[:0]
 	s.metered = false
 	s.wait = 0
+	s.model, s.bodyLen, s.strip = "", -1, false
 	return s
 }
 

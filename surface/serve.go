@@ -106,6 +106,11 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if len(st.items) == 0 {
 		return next.ServeHTTP(w, r)
 	}
+	if p := st.preset(); p != 0 {
+		if err := h.readLLMRequest(r, st, p); err != nil {
+			return err
+		}
+	}
 
 	d := &st.decision
 	d.Overrides = h.gate.Store.Overrides().Table()

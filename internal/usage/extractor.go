@@ -171,6 +171,15 @@ func (e *Extractor) Cost() (cost int64, ok bool) {
 	return min(cost, MaxCost), true
 }
 
+// Value returns the last valid value of path k (the k-th of the
+// expression, from 0), and whether one was seen.
+func (e *Extractor) Value(k int) (int64, bool) {
+	if k < 0 || k >= maxPaths || e.seen&(1<<k) == 0 {
+		return 0, false
+	}
+	return e.vals[k], true
+}
+
 // skipBOM skips a byte order mark at the start of the body. A body that
 // starts with part of one only is malformed JSON, or an ignored first line
 // in an event stream.

@@ -1,0 +1,118 @@
+package surface
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/tollgate/caddy-tollgate/config"
+	"github.com/tollgate/caddy-tollgate/internal/llm"
+)
+
+// The cost_after presets (openai, anthropic) read the request body before
+// the decision: its model prices the answer, and a streamed OpenAI-style
+// chat or completions request that did not ask for its usage is made to
+// (stream_options.include_usage), so that a client cannot stream an
+// answer for free; what that adds to the stream is taken out again on the
+// way back (llm.UsageStripper). The body is read up to maxLLMBody; a
+// larger body, or one that is not a JSON object, passes on untouched, and
+// caddy_rate_limit_llm_requests_total counts each case.
+
+// maxLLMBody is the most of a request body read for a preset.
+const maxLLMBody = 4 << 20
+
+// Results of reading an LLM request (llm_requests_total's result).
+const (
+	llmRead           = "read"            // read: its model is known
+	llmUsageRequested = "usage_requested" // read, and include_usage was set for the client
+	llmTooLarge       = "too_large"       // larger than maxLLMBody: passed on untouched
+	llmNotJSON        = "not_json"        // not a JSON object: passed on untouched
+	llmNoBody         = "no_body"         // no body at all
+)
+
+// preset returns the first preset among the request's meters.
+func (st *requestState) preset() llm.Provider {
+	for _, m := range st.meters {
+		if m != nil && m.Preset != 0 {
+			return m.Preset
+		}
+	}
+	return 0
+}
+
+// readLLMRequest reads r's body for the preset policies of st and, for
+// OpenAI, asks for the usage of a streamed answer. It returns an error
+// for a model that a price table of st cannot price.
+func (h *Server) readLLMRequest(r *http.Request, st *requestState, preset llm.Provider) error {
+	result := h.inspectLLMRequest(r, st, preset)
+	if h.metrics != nil {
+		h.metrics.LLMRequest(result)
+	}
+	for i, m := range st.meters {
+		if m == nil || m.Prices == nil {
+			continue
+		}
+		if _, ok := m.Prices.Lookup(st.model); !ok {
+			return caddyhttp.Error(http.StatusBadRequest,
+				fmt.Errorf("model %q has no price in policy %s (and no default price \"*\")", st.model, st.policies[i].Name))
+		}
+	}
+	return nil
+}
+
+func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm.Provider) string {
+	if r.Body == nil || r.Body == http.NoBody {
+		return llmNoBody
+	}
+	orig := r.Body
+	body, err := io.ReadAll(io.LimitReader(orig, maxLLMBody+1))
+	// What was read goes on first, whatever happens next.
+	restore := func(b []byte) {
+		r.Body = bodyReadCloser{Reader: io.MultiReader(bytes.NewReader(b), orig), Closer: orig}
+	}
+	if err != nil || len(body) > maxLLMBody {
+		restore(body)
+		return llmTooLarge
+	}
+	st.bodyLen = int64(len(body))
+	req, ok := llm.ParseRequest(body)
+	if !ok {
+		restore(body)
+		return llmNotJSON
+	}
+	st.model = req.Model
+	result := llmRead
+	if preset == llm.OpenAI && req.Stream && !req.IncludeUsage && llm.AsksUsage(r.URL.Path) {
+		if b, ok := llm.WithUsage(body); ok {
+			body, st.strip, result = b, true, llmUsageRequested
+			// The usage chunk is taken out of the stream on the way
+			// back, which a compressed stream would not allow.
+			r.Header.Del("Accept-Encoding")
+		}
+	}
+	r.Body = bodyReadCloser{Reader: bytes.NewReader(body), Closer: orig}
+	r.ContentLength = int64(len(body))
+	r.TransferEncoding = nil
+	r.GetBody = nil
+	return result
+}
+
+// bodyReadCloser is a request body read (partly) ahead: its Reader
+// starts with what was read, and Close closes the original body.
+type bodyReadCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// priceTokens is the cost of t under m's prices for model, or their total.
+func priceTokens(m *config.Meter, t llm.Tokens, model string) int64 {
+	if m.Prices != nil {
+		if p, ok := m.Prices.Lookup(model); ok {
+			return p.Cost(t)
+		}
+	}
+	return t.Total()
+}
