@@ -262,3 +262,53 @@ func TestLLMPresets(t *testing.T) {
 		}
 	}
 }
+
+// TestCostBefore: cost_before reserves max_tokens up front, so a tenant
+// cannot start an answer its bucket cannot afford; the settlement gives
+// back what the answer did not use; a huge max_tokens is refused before
+// the upstream sees it; without the value, cost applies.
+func TestCostBefore(t *testing.T) {
+	api := newLLMAPI(t)
+	s := startCaddy(t, "", `
+	rate_limit {
+		tenant {http.request.header.X-Tenant}
+		policy reserved {
+			algorithm token_bucket
+			limit 10000
+			window 1000h
+			cost_after openai
+			cost_before json max_tokens
+		}
+	}
+	reverse_proxy `+api.addr, nil)
+	ask := func(tenant string, maxTokens string, tokens int) response {
+		t.Helper()
+		body := `{"model":"gpt-4o-mini","messages":[]}`
+		if maxTokens != "" {
+			body = `{"model":"gpt-4o-mini","max_tokens":` + maxTokens + `,"messages":[]}`
+		}
+		return s.post("/v1/chat/completions?tokens="+strconv.Itoa(tokens), body, "X-Tenant", tenant)
+	}
+	// 6000 reserved of 10000 (4000 left while it runs), 1000 used.
+	if res := ask("t", "6000", 1000); res.status != 200 || res.header.Get("X-Ratelimit-Remaining") != "4000" {
+		t.Fatalf("first answer: status %d, remaining %s while it ran; want 200 and 4000", res.status, res.header.Get("X-Ratelimit-Remaining"))
+	}
+	// 9000 left: 9500 is refused, 8000 is not.
+	if res := ask("t", "9500", 1000); res.status != http.StatusTooManyRequests {
+		t.Errorf("reserving 9500 of 9000 left: status %d, want 429", res.status)
+	}
+	if res := ask("t", "8000", 1000); res.status != 200 || res.header.Get("X-Ratelimit-Remaining") != "1000" {
+		t.Errorf("reserving 8000 of 9000 left: status %d, remaining %s; want 200 and 1000", res.status, res.header.Get("X-Ratelimit-Remaining"))
+	}
+	// 8000 left. A huge max_tokens never reaches the upstream.
+	if res := ask("huge", "1e15", 1000); res.status != http.StatusTooManyRequests {
+		t.Errorf("max_tokens 1e15: status %d, want 429", res.status)
+	}
+	if got := api.got("huge").body; got != "" {
+		t.Errorf("the upstream received a request with max_tokens 1e15: %s", got)
+	}
+	// No max_tokens: 1 up front.
+	if res := ask("t", "", 1000); res.status != 200 || res.header.Get("X-Ratelimit-Remaining") != "7999" {
+		t.Errorf("without max_tokens: status %d, remaining %s; want 200 and 7999 (1 up front)", res.status, res.header.Get("X-Ratelimit-Remaining"))
+	}
+}

@@ -240,6 +240,10 @@ var policyBlock = block[*policyState]{
 		ps.pc.CostAfter, err = p.costAfter()
 		return err
 	}},
+	{name: "cost_before", usage: costBeforeForm, field: "cost_before", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.CostBeforeConfig, err = p.costBefore()
+		return err
+	}},
 	{name: "price", usage: priceForm, repeatable: true, field: "prices", parse: func(p cfParser, ps *policyState) error {
 		pc, err := p.price()
 		ps.pc.Prices = append(ps.pc.Prices, pc)

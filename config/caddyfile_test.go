@@ -357,7 +357,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		// policy
 		{"policy no name", "rate_limit {\n policy {\n  limit 1\n }\n}", 2, []string{"policy: wrong number of arguments (0)", "usage: policy <name>"}},
 		{"duplicate policy", "rate_limit {\n policy a {\n  limit 1\n  window 1s\n }\n zone a {\n  events 1\n  window 1s\n }\n}", 6, []string{`zone: duplicate policy name "a"`}},
-		{"policy unknown subdirective", policy("limit 1\nwindow 1s\nrate 5"), 5, []string{`policy p: unknown subdirective "rate"`, "allowed: match, key, algorithm, limit (alias events), window, calendar, burst, delay, cost, cost_after, price, cost_missing, min_interval, tier, tenant_limit, override, lease, shadow, near_limit, fail, ipv4_prefix, ipv6_prefix"}},
+		{"policy unknown subdirective", policy("limit 1\nwindow 1s\nrate 5"), 5, []string{`policy p: unknown subdirective "rate"`, "allowed: match, key, algorithm, limit (alias events), window, calendar, burst, delay, cost, cost_after, cost_before, price, cost_missing, min_interval, tier, tenant_limit, override, lease, shadow, near_limit, fail, ipv4_prefix, ipv6_prefix"}},
 		{"missing limit", policy("window 1s"), 2, []string{"policy p: limit: must be set to an integer from 1 to 9007199254740991"}},
 		{"missing window", policy("limit 5"), 2, []string{"policy p: window: required for algorithm sliding_window (only concurrency takes none)"}},
 		{"missing window token_bucket", policy("limit 5\nalgorithm token_bucket"), 2, []string{"window: required for algorithm token_bucket"}},
@@ -399,6 +399,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"cost_after preset args", policy("cost_after openai extra"), 3, []string{`cost_after: "openai": unknown source`}},
 		{"price without output", policy("price gpt-4o input 1 cached 2"), 3, []string{"price: want input and output prices; usage: price <model-glob> input <n> output <n> [cached <n>]"}},
 		{"price unknown kind", policy("price gpt-4o input 1 output 2 batch 3"), 3, []string{`price: "batch": unknown price (allowed: input, output, cached)`}},
+		{"cost_before source", policy("cost_before header X"), 3, []string{`cost_before: "header": unknown source (allowed: json)`}},
 		{"price twice", policy("price gpt-4o input 1 input 2 output 3"), 3, []string{"price: input given twice"}},
 		{"price not a number", policy("price gpt-4o input one output 2"), 3, []string{`price: "one" is not a valid integer (want a non-negative integer (units per token))`}},
 		{"cost_after bad path", policy("limit 1\nwindow 1s\ncost_after json a+"), 5, []string{`policy p: cost_after: json: "a+": path 2 ("")`, "at Testfile:5"}},

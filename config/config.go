@@ -99,6 +99,10 @@ type PolicyConfig struct {
 	// its up-front cost only. Needs cost_after.
 	CostMissing Cost `json:"cost_missing,omitempty"`
 
+	// The up-front cost of a metered request, read from its JSON request
+	// body (e.g. max_tokens) instead of cost (see CostBeforeConfig).
+	CostBeforeConfig *CostBeforeConfig `json:"cost_before,omitempty"`
+
 	// Prices per model for cost_after openai|anthropic: the charge is
 	// the answer's tokens at the prices of the request's model, in the
 	// policy's units (see PriceConfig).

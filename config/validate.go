@@ -218,7 +218,11 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 	if err := checkCost(sub(path, "cost"), pc.Cost); err != nil {
 		return nil, err
 	}
-	if _, err := pc.compileMeter(path, alg); err != nil {
+	m, err := pc.compileMeter(path, alg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := compileCostBefore(path, pc.CostBeforeConfig, m); err != nil {
 		return nil, err
 	}
 	if pc.CostAfter != nil && h.Distributed != nil && h.Redis == nil {

@@ -10,10 +10,13 @@ import (
 
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/internal/llm"
+	"github.com/tollgate/caddy-tollgate/internal/usage"
+	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
-// The cost_after presets (openai, anthropic) read the request body before
-// the decision: its model prices the answer, and a streamed OpenAI-style
+// The cost_after presets (openai, anthropic) and cost_before read the
+// request body before the decision: its model prices the answer,
+// cost_before takes the up-front cost from it, and a streamed OpenAI-style
 // chat or completions request that did not ask for its usage is made to
 // (stream_options.include_usage), so that a client cannot stream an
 // answer for free; what that adds to the stream is taken out again on the
@@ -43,11 +46,12 @@ func (st *requestState) preset() llm.Provider {
 	return 0
 }
 
-// readLLMRequest reads r's body for the preset policies of st and, for
-// OpenAI, asks for the usage of a streamed answer. It returns an error
-// for a model that a price table of st cannot price.
-func (h *Server) readLLMRequest(r *http.Request, st *requestState, preset llm.Provider) error {
-	result := h.inspectLLMRequest(r, st, preset)
+// readRequestBody reads r's body for the policies of st that need it:
+// for OpenAI, it asks for the usage of a streamed answer; cost_before
+// costs are taken from it. It returns an error for a model that a price
+// table of st cannot price.
+func (h *Server) readRequestBody(r *http.Request, st *requestState) error {
+	result := h.inspectLLMRequest(r, st, st.preset())
 	if h.metrics != nil {
 		h.metrics.LLMRequest(result)
 	}
@@ -60,7 +64,39 @@ func (h *Server) readLLMRequest(r *http.Request, st *requestState, preset llm.Pr
 				fmt.Errorf("model %q has no price in policy %s (and no default price \"*\")", st.model, st.policies[i].Name))
 		}
 	}
+	for i, p := range st.policies {
+		if p.costBefore != nil {
+			st.items[i].Cost = upFrontCost(p, st, st.items[i].Cost)
+		}
+	}
 	return nil
+}
+
+// upFrontCost is the up-front cost cost_before reads from the request
+// body, or fallback when the body has none of its values.
+func upFrontCost(p *policyRuntime, st *requestState, fallback int64) int64 {
+	cb := p.costBefore
+	var out, in int64
+	found := false
+	if cb.Paths != nil && st.body != nil {
+		var e usage.Extractor
+		e.Reset(cb.Paths, usage.JSON)
+		e.Write(st.body)
+		out, found = e.Cost()
+	}
+	if cb.PromptEstimate && st.bodyLen >= 0 {
+		in, found = (st.bodyLen+3)/4, true
+	}
+	if !found {
+		return fallback
+	}
+	var n int64
+	if price, ok := p.meter.Prices.Lookup(st.model); ok {
+		n = price.Cost(llm.Tokens{Input: in, Output: out})
+	} else {
+		n = min(in+out, limiter.MaxCount)
+	}
+	return min(max(n, 1), limiter.MaxCount)
 }
 
 func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm.Provider) string {
@@ -77,7 +113,7 @@ func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm
 		restore(body)
 		return llmTooLarge
 	}
-	st.bodyLen = int64(len(body))
+	st.bodyLen, st.body = int64(len(body)), body
 	req, ok := llm.ParseRequest(body)
 	if !ok {
 		restore(body)
@@ -109,10 +145,8 @@ type bodyReadCloser struct {
 
 // priceTokens is the cost of t under m's prices for model, or their total.
 func priceTokens(m *config.Meter, t llm.Tokens, model string) int64 {
-	if m.Prices != nil {
-		if p, ok := m.Prices.Lookup(model); ok {
-			return p.Cost(t)
-		}
+	if p, ok := m.Prices.Lookup(model); ok {
+		return p.Cost(t)
 	}
 	return t.Total()
 }

@@ -44,8 +44,10 @@ type policyRuntime struct {
 	// policy's own limit for the current period.
 	calendarHeader calendarHeaderCache
 	// meter reads the real cost from the response (cost_after); nil when
-	// the policy is not metered.
-	meter *config.Meter
+	// the policy is not metered. costBefore reads its up-front cost from
+	// the request body; nil without cost_before.
+	meter      *config.Meter
+	costBefore *config.CostBefore
 }
 
 // requestState is the per-request scratch space, pooled so a decision
@@ -78,6 +80,10 @@ type requestState struct {
 	model   string
 	bodyLen int64
 	strip   bool
+	// readBody: a policy needs the request body (a preset, cost_before);
+	// body is what was read of it (nil when it was not, or is too large).
+	readBody bool
+	body     []byte
 }
 
 var requestStates = sync.Pool{New: func() any { return new(requestState) }}
@@ -92,7 +98,7 @@ func getRequestState() *requestState {
 	s.meters = s.meters[:0]
 	s.metered = false
 	s.wait = 0
-	s.model, s.bodyLen, s.strip = "", -1, false
+	s.model, s.bodyLen, s.strip, s.readBody, s.body = "", -1, false, false, nil
 	return s
 }
 
@@ -112,6 +118,7 @@ func putRequestState(s *requestState) {
 	// Drop references to request data before pooling.
 	clear(s.items)
 	clear(s.meters)
+	s.body = nil
 	s.decision.Reset()
 	requestStates.Put(s)
 }

@@ -35,6 +35,9 @@ func (h *Server) provisionPolicies(ctx caddy.Context) error {
 			return err
 		}
 		rt.meter = sameMeter(h.policies, rt.meter)
+		if rt.costBefore, err = pc.CostBefore(name, rt.meter); err != nil {
+			return err
+		}
 		if n, ok := pc.Cost.Constant(); ok {
 			rt.cost = n
 		} else {
@@ -102,12 +105,13 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		st.gates = append(st.gates, p.Policy)
 		st.meters = append(st.meters, p.meter)
 		st.metered = st.metered || p.meter != nil
+		st.readBody = st.readBody || p.costBefore != nil || (p.meter != nil && p.meter.Preset != 0)
 	}
 	if len(st.items) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	if p := st.preset(); p != 0 {
-		if err := h.readLLMRequest(r, st, p); err != nil {
+	if st.readBody {
+		if err := h.readRequestBody(r, st); err != nil {
 			return err
 		}
 	}

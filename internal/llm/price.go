@@ -46,8 +46,12 @@ func NewPrices(entries []PriceEntry) *Prices {
 	return &Prices{entries: entries}
 }
 
-// Lookup returns the price of model; ok is false when no entry applies.
+// Lookup returns the price of model; ok is false when no entry applies
+// (or t is nil: no table).
 func (t *Prices) Lookup(model string) (p Price, ok bool) {
+	if t == nil {
+		return Price{}, false
+	}
 	for _, e := range t.entries {
 		if e.Model == model {
 			return e.Price, true
