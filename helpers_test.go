@@ -164,6 +164,20 @@ func (s *caddyServer) get(path string, headerPairs ...string) response {
 	return s.do(context.Background(), path, headerPairs...)
 }
 
+// newHTTPServer serves h on a free loopback port until the test ends and
+// returns its address.
+func newHTTPServer(t testing.TB, h http.Handler) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().String()
+}
+
 // post sends a POST of a JSON body to path with header pairs.
 func (s *caddyServer) post(path, body string, headerPairs ...string) response {
 	s.t.Helper()

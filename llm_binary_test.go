@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -39,14 +38,7 @@ type streamingLLM struct {
 func newStreamingLLM(t *testing.T) *streamingLLM {
 	t.Helper()
 	u := &streamingLLM{generated: map[string]int{}}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.addr = l.Addr().String()
-	srv := &http.Server{Handler: http.HandlerFunc(u.serve)}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
+	u.addr = newHTTPServer(t, http.HandlerFunc(u.serve))
 	return u
 }
 

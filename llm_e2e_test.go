@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -35,14 +34,7 @@ type llmReceived struct {
 func newLLMAPI(t *testing.T) *llmAPI {
 	t.Helper()
 	a := &llmAPI{received: map[string]llmReceived{}}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.addr = l.Addr().String()
-	srv := &http.Server{Handler: http.HandlerFunc(a.serve)}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
+	a.addr = newHTTPServer(t, http.HandlerFunc(a.serve))
 	return a
 }
 

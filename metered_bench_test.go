@@ -1,8 +1,10 @@
 package tollgate
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -124,13 +126,57 @@ type meteredCase struct {
 	name      string
 	costAfter string
 	next      caddyhttp.Handler
+	// body, when set, is POSTed to /v1/chat/completions (a preset reads
+	// it).
+	body []byte
+}
+
+// Request bodies of an OpenAI-style chat request, about 300 bytes:
+// streamed with or without include_usage, and not streamed.
+var (
+	meteredChatBody = func(extra string) []byte {
+		return []byte(`{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Tell me about rate limiting in one paragraph, please, with an example."}],"temperature":0.7` + extra + `}`)
+	}
+	meteredBodyJSON   = meteredChatBody("")
+	meteredBodyAsked  = meteredChatBody(`,"stream":true,"stream_options":{"include_usage":true}`)
+	meteredBodyStream = meteredChatBody(`,"stream":true`)
+)
+
+// meteredSSEAsked is meteredSSE as OpenAI sends it to a request that
+// asked for usage: "usage":null on every chunk.
+var meteredSSEAsked = func() [][]byte {
+	out := make([][]byte, len(meteredSSE))
+	for i, ev := range meteredSSE {
+		s := string(ev)
+		if strings.HasPrefix(s, "data: {") && !strings.Contains(s, `"usage":{`) {
+			s = strings.TrimSuffix(s, "}\n\n") + `,"usage":null}` + "\n\n"
+		}
+		out[i] = []byte(s)
+	}
+	return out
+}()
+
+// request returns the benchmark's request of mc for tenant.
+func (mc meteredCase) request(w http.ResponseWriter, tenant string) *http.Request {
+	r := caddyreq.New(w, tenant)
+	if mc.body != nil {
+		r.Method, r.URL.Path = http.MethodPost, "/v1/chat/completions"
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(mc.body)), int64(len(mc.body))
+	}
+	return r
 }
 
 var meteredCases = []meteredCase{
-	{"unmetered", "", meteredNext(meteredCTJSON, true, false, meteredSmallJSON)},
-	{"header", `"cost_after":{"header":"X-Tokens"},`, meteredNext(meteredCTJSON, true, false, meteredSmallJSON)},
-	{"json", `"cost_after":{"json":"usage.total_tokens"},`, meteredNext(meteredCTJSON, false, false, meteredJSON)},
-	{"sse", `"cost_after":{"json":"usage.total_tokens"},`, meteredNext(meteredCTSSE, false, true, meteredSSE...)},
+	{"unmetered", "", meteredNext(meteredCTJSON, true, false, meteredSmallJSON), nil},
+	{"header", `"cost_after":{"header":"X-Tokens"},`, meteredNext(meteredCTJSON, true, false, meteredSmallJSON), nil},
+	{"json", `"cost_after":{"json":"usage.total_tokens"},`, meteredNext(meteredCTJSON, false, false, meteredJSON), nil},
+	{"sse", `"cost_after":{"json":"usage.total_tokens"},`, meteredNext(meteredCTSSE, false, true, meteredSSE...), nil},
+	// The presets read the request body: a JSON answer; a stream whose
+	// request asked for usage; one that did not, whose request gets
+	// include_usage and whose stream loses what that added.
+	{"openai_json", `"cost_after":{"preset":"openai"},`, meteredNext(meteredCTJSON, false, false, meteredJSON), meteredBodyJSON},
+	{"openai_sse_asked", `"cost_after":{"preset":"openai"},`, meteredNext(meteredCTSSE, false, true, meteredSSEAsked...), meteredBodyAsked},
+	{"openai_sse_rewritten", `"cost_after":{"preset":"openai"},`, meteredNext(meteredCTSSE, false, true, meteredSSEAsked...), meteredBodyStream},
 }
 
 // meteredHandler provisions a handler of one token_bucket policy "api" with
@@ -147,11 +193,11 @@ var verifyTenants atomic.Int64
 // verifyMetered serves one request of a fresh tenant and checks with a
 // Peek of its bucket that it was charged want units (30 when settled, 1,
 // the up-front cost, when not), so that no case measures a no-op.
-func verifyMetered(b *testing.B, h *Handler, next caddyhttp.Handler, want int64) {
+func verifyMetered(b *testing.B, h *Handler, mc meteredCase, want int64) {
 	b.Helper()
 	tenant := fmt.Sprintf("verify-%d", verifyTenants.Add(1))
 	w := newDiscardWriter()
-	if err := h.ServeHTTP(w, caddyreq.New(w, tenant), next); err != nil {
+	if err := h.ServeHTTP(w, mc.request(w, tenant), mc.next); err != nil {
 		b.Fatal(err)
 	}
 	if w.status != http.StatusOK || w.written == 0 {
@@ -178,13 +224,12 @@ func benchMetered(b *testing.B, h *Handler, mc meteredCase) {
 	if mc.costAfter == "" {
 		want = 1
 	}
-	verifyMetered(b, h, mc.next, want)
+	verifyMetered(b, h, mc, want)
 	w := newDiscardWriter()
 	b.ReportAllocs()
 	for b.Loop() {
 		w.reset()
-		r := caddyreq.New(w, "acme")
-		if err := h.ServeHTTP(w, r, mc.next); err != nil {
+		if err := h.ServeHTTP(w, mc.request(w, "acme"), mc.next); err != nil {
 			b.Fatal(err)
 		}
 	}

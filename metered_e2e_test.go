@@ -7,8 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"path"
 	"runtime"
 	"strconv"
 	"strings"
@@ -808,6 +811,138 @@ func TestMeteredCostMissingCharges(t *testing.T) {
 		rem := post(c.missing, c.missing).Get("X-Ratelimit-Remaining")
 		if want := strconv.Itoa(1000 - c.charged - 1); rem != want {
 			t.Errorf("cost_missing %s: remaining %s after one answer without usage, want %s (charged %d, then 1 up front)", c.missing, rem, want, c.charged)
+		}
+	}
+}
+
+// TestMeteredCompressedMemory measures the heap of 100 concurrent
+// compressed answers of 50 MiB each (gzip, then zstd), metered (read
+// through a decoder on the side) and not, and checks that a metered one
+// costs at most its decoder's window and buffers. It takes a minute of
+// both cores, so it runs only with TOLLGATE_MEASURE=1:
+//
+//	TOLLGATE_MEASURE=1 go test -run TestMeteredCompressedMemory -v .
+func TestMeteredCompressedMemory(t *testing.T) {
+	if os.Getenv("TOLLGATE_MEASURE") == "" {
+		t.Skip("a measurement: set TOLLGATE_MEASURE=1")
+	}
+	const streams, size = 100, 50 << 20
+	// Words drawn from a small vocabulary compress about 3 to 1, like text.
+	rng := rand.New(rand.NewPCG(1, 2))
+	words := strings.Fields("the a rate limit token bucket tenant request answer model stream usage upstream caddy redis fleet window quota")
+	var plain bytes.Buffer
+	plain.WriteString(`{"choices":[{"message":{"content":"`)
+	for plain.Len() < size {
+		plain.WriteString(words[rng.IntN(len(words))])
+		plain.WriteByte(' ')
+	}
+	plain.WriteString(`"}}],"usage":{"total_tokens":30}}`)
+	bodies := map[string][]byte{}
+	for _, enc := range []string{"gzip", "zstd"} {
+		var b bytes.Buffer
+		var zw io.WriteCloser
+		if enc == "gzip" {
+			zw = gzip.NewWriter(&b)
+		} else {
+			zw, _ = zstd.NewWriter(&b)
+		}
+		zw.Write(plain.Bytes())
+		zw.Close()
+		bodies[enc] = b.Bytes()
+	}
+	plain = bytes.Buffer{}
+	upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		enc := path.Base(r.URL.Path)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", enc)
+		body := bodies[enc]
+		for i := 0; i < len(body); i += 256 << 10 {
+			w.Write(body[i:min(i+256<<10, len(body))])
+		}
+	}))
+	s := startCaddy(t, "", `
+	handle /m/* {
+		rate_limit {
+			tenant {http.request.header.X-Tenant}
+			policy m {
+				algorithm fixed_window
+				limit 1000000
+				window 1h
+				cost_after json usage.total_tokens
+			}
+		}
+		reverse_proxy `+upstream+`
+	}
+	handle /u/* {
+		reverse_proxy `+upstream+`
+	}
+	handle /metrics {
+		metrics
+	}`, nil)
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: streams}}
+	for _, enc := range []string{"gzip", "zstd"} {
+		for _, metered := range []bool{false, true} {
+			route := "/u/" + enc
+			if metered {
+				route = "/m/" + enc
+			}
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			base := ms.HeapAlloc
+			var peak atomic.Uint64
+			stop := make(chan struct{})
+			sampled := make(chan struct{})
+			go func() {
+				defer close(sampled)
+				var m runtime.MemStats
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(50 * time.Millisecond):
+					}
+					runtime.ReadMemStats(&m)
+					if m.HeapAlloc > peak.Load() {
+						peak.Store(m.HeapAlloc)
+					}
+				}
+			}()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i := range streams {
+				wg.Go(func() {
+					req, _ := http.NewRequest(http.MethodGet, s.base+route, nil)
+					req.Header.Set("X-Tenant", fmt.Sprintf("%s-%d", enc, i))
+					// Asked for: else the proxy's transport asks for gzip
+					// itself and decompresses.
+					req.Header.Set("Accept-Encoding", enc)
+					res, err := client.Do(req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer res.Body.Close()
+					if n, err := io.Copy(io.Discard, res.Body); err != nil || n != int64(len(bodies[enc])) {
+						t.Errorf("read %d bytes (%v), want %d", n, err, len(bodies[enc]))
+					}
+				})
+			}
+			wg.Wait()
+			close(stop)
+			<-sampled
+			growth := int64(peak.Load()) - int64(base)
+			t.Logf("%s metered=%v: %d streams of %d MiB (%d MiB compressed) in %v; heap peak +%d MiB (%d KiB per stream)",
+				enc, metered, streams, size>>20, len(bodies[enc])>>20, time.Since(start).Round(time.Millisecond), growth>>20, growth/streams>>10)
+			if metered {
+				after := scrapeMetrics(t, s.base+"/metrics")
+				t.Logf("%s: %v answers not read (decoder windows over 256 MiB)", enc, after.value("caddy_rate_limit_cost_missing_total", "policy", "m", "reason", "compressed"))
+				// An answer alone is read to its usage.
+				rem := s.get("/m/"+enc, "X-Tenant", enc+"-0").header.Get("X-Ratelimit-Remaining")
+				if rem != strconv.Itoa(1000000-30-1) {
+					t.Errorf("%s: remaining %s after one answer, want %d", enc, rem, 1000000-31)
+				}
+			}
 		}
 	}
 }

@@ -12,10 +12,15 @@ import (
 
 // meteredFleetCaddyfile is the config of each fleet instance: 100 tokens
 // an hour per tenant, 30 per streamed response, decided on Redis strictly
-// (/strict), from leases of up to 10 requests (/leased), and on a
-// sliding log (/log).
+// (/strict), from leases of up to 10 requests (/leased), on a sliding
+// log (/log), and with cost_after openai on OpenAI-style streams that do
+// not ask for their usage (/preset).
 func meteredFleetCaddyfile(redisBlock, upstream string) string {
 	route := func(path, extra string) string {
+		costAfter, uri := "json usage.total_tokens", "/sse/"
+		if path == "preset" {
+			costAfter, uri = "openai", "/v1/"
+		}
 		return fmt.Sprintf(`
 	route /%[1]s/* {
 		rate_limit {
@@ -25,12 +30,12 @@ func meteredFleetCaddyfile(redisBlock, upstream string) string {
 				%[3]s
 				limit 100
 				window 1h
-				cost_after json usage.total_tokens
+				cost_after %[5]s
 			}
 		}
-		uri replace /%[1]s/ /sse/
+		uri replace /%[1]s/ %[6]s
 		reverse_proxy %[4]s
-	}`, path, redisBlock, extra, upstream)
+	}`, path, redisBlock, extra, upstream, costAfter, uri)
 	}
 	return `{
 	admin 127.0.0.1:{ADMIN}
@@ -41,7 +46,8 @@ func meteredFleetCaddyfile(redisBlock, upstream string) string {
 http://127.0.0.1:{PORT} {` +
 		route("strict", "algorithm token_bucket") +
 		route("leased", "algorithm token_bucket\n\t\t\t\tlease 10") +
-		route("log", "algorithm sliding_log") + `
+		route("log", "algorithm sliding_log") +
+		route("preset", "algorithm token_bucket\n\t\t\t\tlease 10") + `
 }
 `
 }
@@ -70,11 +76,19 @@ func testMeteredFleet(t *testing.T, redisBlock string) {
 	up := newLLMUpstream(t)
 	cfg := meteredFleetCaddyfile(redisBlock, up.addr)
 	fleet := []*caddyProcess{startCaddyProcess(t, cfg), startCaddyProcess(t, cfg), startCaddyProcess(t, cfg)}
-	for _, path := range []string{"strict", "leased", "log"} {
+	for _, path := range []string{"strict", "leased", "log", "preset"} {
 		for _, tenant := range []string{"acme", "beta"} {
 			var got []int
 			for i := range 9 {
 				req, _ := http.NewRequest(http.MethodGet, fleet[i%3].base+"/"+path+"/x?tokens=30", nil)
+				want := sseBody(30)
+				if path == "preset" {
+					// A stream that did not ask for its usage: asked for
+					// it, and gets the stream without it.
+					req, _ = http.NewRequest(http.MethodPost, fleet[i%3].base+"/preset/chat/completions?tokens=30",
+						strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+					want = strings.Join(sseEvents(30, false), "")
+				}
 				req.Header.Set("X-Tenant", tenant)
 				res, err := testClient.Do(req)
 				if err != nil {
@@ -85,7 +99,7 @@ func testMeteredFleet(t *testing.T, redisBlock string) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if res.StatusCode == 200 && string(body) != sseBody(30) {
+				if res.StatusCode == 200 && string(body) != want {
 					t.Errorf("%s request %d: the stream was changed on the way:\n%q", path, i+1, body)
 				}
 				got = append(got, res.StatusCode)

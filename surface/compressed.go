@@ -1,10 +1,12 @@
 package surface
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/andybalholm/brotli"
 	"github.com/klauspost/compress/gzip"
@@ -18,7 +20,20 @@ import (
 // Write hands it each chunk and returns once the chunk is decoded. Nothing
 // is queued, so a response costs its decoder's state (a 32 KiB window for
 // gzip, at most 8 MiB for zstd and 16 MiB for brotli, as large as the
-// upstream's encoder chose), whatever the size of the body.
+// upstream's encoder chose), whatever the size of the body. The windows
+// of the zstd and brotli decoders running at once are bounded per process
+// (maxWindowMemory): a stream that does not fit is not read, and is a
+// missing cost.
+
+// maxWindowMemory bounds the zstd and brotli windows decoded at once in
+// this process: 32 streams of an 8 MiB window, or 2048 of 128 KiB.
+const maxWindowMemory = 256 << 20
+
+// windowMemory is what the running zstd and brotli decoders reserved.
+var windowMemory atomic.Int64
+
+// errWindowMemory stops a decoder that would exceed maxWindowMemory.
+var errWindowMemory = errors.New("decoder windows of the compressed responses being read exceed 256 MiB")
 
 // maxInflation bounds the decompressed bytes read per compressed byte
 // (plus inflationSlack): a decompression bomb stops being read, and is
@@ -129,7 +144,13 @@ func startSideDecoder(enc string, feed func([]byte)) *sideDecoder {
 func (d *sideDecoder) run(pool *decoderPool, pr *io.PipeReader, feed func([]byte)) {
 	defer close(d.done)
 	in := &countingReader{r: pr}
-	dec, err := pool.open(pool, in)
+	head := bufio.NewReaderSize(in, 64)
+	reserved, err := reserveWindow(pool, head)
+	defer windowMemory.Add(-reserved)
+	var dec io.Reader
+	if err == nil {
+		dec, err = pool.open(pool, head)
+	}
 	if err == nil {
 		bp := decodeBuffers.Get().(*[]byte)
 		err = d.decode(dec, in, *bp, feed)
@@ -145,6 +166,86 @@ func (d *sideDecoder) run(pool *decoderPool, pr *io.PipeReader, feed func([]byte
 }
 
 var errDecoderStopped = errors.New("side decoder stopped")
+
+// reserveWindow reserves in windowMemory the window of the zstd or brotli
+// stream that head starts (read from its first bytes), plus the decoder's
+// buffers. gzip's 32 KiB window is not counted.
+func reserveWindow(pool *decoderPool, head *bufio.Reader) (int64, error) {
+	var window int64
+	switch pool {
+	case zstdDecoders:
+		b, _ := head.Peek(zstdMaxHeader)
+		window = zstdWindow(b) + 128<<10
+	case brotliDecoders:
+		b, _ := head.Peek(2)
+		window = brotliWindow(b) + 64<<10
+	default:
+		return 0, nil
+	}
+	if windowMemory.Add(window) > maxWindowMemory {
+		windowMemory.Add(-window)
+		return 0, errWindowMemory
+	}
+	return window, nil
+}
+
+// zstdMaxHeader is the longest zstd frame header: magic, descriptor,
+// window, dictionary id and content size.
+const zstdMaxHeader = 4 + 1 + 1 + 4 + 8
+
+// zstdWindow is the window of the zstd frame whose first bytes are b
+// (RFC 8878 3.1.1.1): maxZstdWindow when b is not a frame header the
+// decoder would accept.
+func zstdWindow(b []byte) int64 {
+	if len(b) < 6 || b[0] != 0x28 || b[1] != 0xB5 || b[2] != 0x2F || b[3] != 0xFD {
+		return maxZstdWindow
+	}
+	fhd := b[4]
+	if fhd&0x20 == 0 { // a window descriptor
+		exp, mantissa := int64(b[5]>>3), int64(b[5]&7)
+		base := int64(1) << (10 + exp)
+		return min(base+base/8*mantissa, maxZstdWindow)
+	}
+	// Single segment: the window is the content size.
+	i := 5 + []int{0, 1, 2, 4}[fhd&3]
+	n := []int{1, 2, 4, 8}[fhd>>6]
+	if len(b) < i+n {
+		return maxZstdWindow
+	}
+	var size uint64
+	for k := n - 1; k >= 0; k-- {
+		size = size<<8 | uint64(b[i+k])
+	}
+	if n == 2 {
+		size += 256
+	}
+	return int64(min(size, maxZstdWindow))
+}
+
+// brotliWindow is the window of the brotli stream whose first bytes are b
+// (RFC 7932 9.1): 16 MiB when b is too short to tell.
+func brotliWindow(b []byte) int64 {
+	if len(b) == 0 {
+		return 1 << 24
+	}
+	bits := uint16(b[0])
+	if len(b) > 1 {
+		bits |= uint16(b[1]) << 8
+	}
+	wbits := 16
+	switch {
+	case bits&1 == 0:
+	case bits>>1&7 != 0:
+		wbits = 17 + int(bits>>1&7)
+	case bits>>4&7 == 1:
+		return 1 << 24 // the large-window extension: not HTTP's br
+	case bits>>4&7 != 0:
+		wbits = 8 + int(bits>>4&7)
+	default:
+		wbits = 17
+	}
+	return int64(1)<<wbits - 16
+}
 
 // decode copies dec's output to feed, bounding its inflation.
 func (d *sideDecoder) decode(dec io.Reader, in *countingReader, buf []byte, feed func([]byte)) error {

@@ -1,0 +1,93 @@
+package surface
+
+import (
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+)
+
+func TestDecoderWindows(t *testing.T) {
+	body := []byte(strings.Repeat("rate limit ", 10000))
+	zstdFrame := func(opts ...zstd.EOption) []byte {
+		var b bytes.Buffer
+		w, _ := zstd.NewWriter(&b, opts...)
+		w.Write(body[:100])
+		w.Flush() // streamed: the size is not known in the header
+		w.Write(body[100:])
+		w.Close()
+		return b.Bytes()
+	}
+	for _, tc := range []struct {
+		name string
+		got  int64
+		want int64
+	}{
+		{"zstd 128 KiB window (Caddy's encode)", zstdWindow(zstdFrame(zstd.WithWindowSize(128 << 10))), 128 << 10},
+		{"zstd default stream", zstdWindow(zstdFrame()), 8 << 20},
+		{"zstd whole body at once", zstdWindow(func() []byte { e, _ := zstd.NewWriter(nil); return e.EncodeAll(body[:5000], nil) }()), 5000},
+		{"zstd single segment header", zstdWindow([]byte{0x28, 0xB5, 0x2F, 0xFD, 0x20 | 0x40, 0x10, 0x27}), 10000 + 256},
+		{"zstd not a frame", zstdWindow([]byte("hello world")), maxZstdWindow},
+		{"brotli lgwin 18", brotliWindow(func() []byte {
+			var b bytes.Buffer
+			w := brotli.NewWriterOptions(&b, brotli.WriterOptions{Quality: 5, LGWin: 18})
+			w.Write(body)
+			w.Close()
+			return b.Bytes()
+		}()), 1<<18 - 16},
+		{"brotli default", brotliWindow(func() []byte {
+			var b bytes.Buffer
+			w := brotli.NewWriter(&b)
+			w.Write(body)
+			w.Close()
+			return b.Bytes()
+		}()), 1<<22 - 16},
+		{"brotli nothing", brotliWindow(nil), 1 << 24},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: window %d, want %d", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+// TestSideDecoderWindowMemory: a zstd stream whose window does not fit in
+// what is left of maxWindowMemory is not read; gzip is not counted; the
+// reservation goes back when the decoder ends.
+func TestSideDecoderWindowMemory(t *testing.T) {
+	var zb, gb bytes.Buffer
+	zw, _ := zstd.NewWriter(&zb)
+	gw := gzip.NewWriter(&gb)
+	for _, w := range []io.WriteCloser{zw, gw} {
+		w.Write([]byte(`{"usage":{"total_tokens":7}}`))
+		w.Close()
+	}
+	decode := func(enc string, body []byte) (string, error) {
+		var got bytes.Buffer
+		d := startSideDecoder(enc, func(p []byte) { got.Write(p) })
+		d.Write(body)
+		err := d.finish()
+		return got.String(), err
+	}
+	windowMemory.Store(maxWindowMemory - 1<<10) // 1 KiB left
+	t.Cleanup(func() { windowMemory.Store(0) })
+	if got, err := decode("zstd", zb.Bytes()); err != errWindowMemory || got != "" {
+		t.Errorf("zstd with 1 KiB left: %q, %v; want nothing read, %v", got, err, errWindowMemory)
+	}
+	if got, err := decode("gzip", gb.Bytes()); err != nil || got != `{"usage":{"total_tokens":7}}` {
+		t.Errorf("gzip with 1 KiB left: %q, %v", got, err)
+	}
+	if windowMemory.Load() != maxWindowMemory-1<<10 {
+		t.Errorf("window memory %d after the decoders ended, want %d", windowMemory.Load(), maxWindowMemory-1<<10)
+	}
+	windowMemory.Store(0)
+	if got, err := decode("zstd", zb.Bytes()); err != nil || got != `{"usage":{"total_tokens":7}}` {
+		t.Errorf("zstd with room: %q, %v", got, err)
+	}
+	if windowMemory.Load() != 0 {
+		t.Errorf("window memory %d after the decoder ended, want 0", windowMemory.Load())
+	}
+}
