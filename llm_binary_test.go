@@ -28,7 +28,9 @@ import (
 // (the user content's bytes / 4) and its completion tokens, whether or not
 // anyone read them. ?tokens=N completion tokens; ?pause=D waits D before
 // the usage chunk; ?deep=N puts a tool call nested N objects deep before
-// the usage of a JSON answer.
+// the usage of a JSON answer. /v1/messages answers as Anthropic streams:
+// message_start with the input tokens, a content_block_delta per token,
+// then (after ?pause) message_delta with the output tokens.
 type streamingLLM struct {
 	addr      string
 	mu        sync.Mutex
@@ -119,6 +121,22 @@ func (u *streamingLLM) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
+	if r.URL.Path == "/v1/messages" {
+		fmt.Fprintf(out, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":%d,\"output_tokens\":1}}}\n\n", prompt)
+		for range completion {
+			generate(1)
+			io.WriteString(out, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" tok\"}}\n\n")
+			if !flush() {
+				return
+			}
+		}
+		if d, err := time.ParseDuration(r.URL.Query().Get("pause")); err == nil {
+			time.Sleep(d)
+		}
+		fmt.Fprintf(out, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":%d}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", completion)
+		flush()
+		return
+	}
 	tail := ""
 	if req.StreamOptions.IncludeUsage {
 		tail = `,"usage":null`
@@ -163,11 +181,23 @@ http://127.0.0.1:{PORT} {
 			timeout 500ms
 		}
 		policy tokens {
+			match {
+				path /v1/chat/completions
+			}
 			algorithm fixed_window
 			limit 100000000
 			window 1h
 			cost_after openai
 			cost_before json max_tokens
+		}
+		policy claude {
+			match {
+				path /v1/messages
+			}
+			algorithm fixed_window
+			limit 100000000
+			window 1h
+			cost_after anthropic
 		}
 	}
 	reverse_proxy `+up.addr+`
@@ -182,6 +212,10 @@ http://127.0.0.1:{PORT} {
 	const limit = 100000000
 	charged := func(tenant string) int {
 		t.Helper()
+		policy := "tokens"
+		if strings.HasPrefix(tenant, "claude") {
+			policy = "claude"
+		}
 		res, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/rate_limit/usage?tenant=%s", p.admin, tenant))
 		if err != nil {
 			t.Fatal(err)
@@ -189,13 +223,20 @@ http://127.0.0.1:{PORT} {
 		defer res.Body.Close()
 		var u struct {
 			Policies []struct {
+				Policy    string  `json:"policy"`
 				Remaining float64 `json:"remaining"`
 			} `json:"policies"`
 		}
-		if err := json.NewDecoder(res.Body).Decode(&u); err != nil || len(u.Policies) != 1 {
-			t.Fatalf("usage of %s: %v %+v", tenant, err, u)
+		if err := json.NewDecoder(res.Body).Decode(&u); err != nil {
+			t.Fatalf("usage of %s: %v", tenant, err)
 		}
-		return limit - int(u.Policies[0].Remaining)
+		for _, p := range u.Policies {
+			if p.Policy == policy {
+				return limit - int(p.Remaining)
+			}
+		}
+		t.Fatalf("usage of %s: no policy %s in %+v", tenant, policy, u)
+		return 0
 	}
 	// request sends a chat request; read stops reading after n bytes of
 	// the answer (n < 0: all of it) and hangs up.
@@ -203,7 +244,11 @@ http://127.0.0.1:{PORT} {
 		t.Helper()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.base+"/v1/chat/completions?"+query, strings.NewReader(body))
+		path := "/v1/chat/completions?"
+		if strings.HasPrefix(tenant, "claude") {
+			path = "/v1/messages?"
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.base+path+query, strings.NewReader(body))
 		req.Header.Set("X-Tenant", tenant)
 		req.Header.Set("Content-Type", "application/json")
 		for i := 0; i+1 < len(headers); i += 2 {
@@ -319,7 +364,17 @@ http://127.0.0.1:{PORT} {
 	request(plain, "deep", "tokens=3000&deep=200", `{"model":"gpt-4o-mini","messages":[{"content":"deep"}]}`, -1)
 	check("usage after 200 nested objects", "deep", true)
 
+	// Anthropic: gone before message_delta (every content delta read),
+	// and compressed.
+	claude := `{"model":"claude-x","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"Count to three thousand, one token at a time."}]}`
+	delta := "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" tok\"}}\n\n"
+	start := fmt.Sprintf("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":%d,\"output_tokens\":1}}}\n\n", (len("Count to three thousand, one token at a time.")+3)/4)
+	request(plain, "claude-gone", "tokens=3000&pause=100ms", claude, len(start)+3000*len(delta))
+	check("anthropic: hangs up before message_delta", "claude-gone", true)
+	request(plain, "claude-br", "tokens=3000", claude, -1, "Accept-Encoding", "br")
+	check("anthropic: Accept-Encoding: br", "claude-br", true)
+
 	for _, r := range results {
-		t.Logf("%-36s generated %5d tokens, charged %5d (%.1f%%)", r.name, r.generated, r.spent, 100*float64(r.spent)/float64(max(r.generated, 1)))
+		t.Logf("%-44s generated %5d tokens, charged %5d (%.1f%%)", r.name, r.generated, r.spent, 100*float64(r.spent)/float64(max(r.generated, 1)))
 	}
 }

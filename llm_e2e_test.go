@@ -120,7 +120,7 @@ func (a *llmAPI) serve(w http.ResponseWriter, r *http.Request) {
 // cost_after anthropic reads input and output from their two events.
 func TestLLMPresets(t *testing.T) {
 	api := newLLMAPI(t)
-	s := startCaddy(t, "", `
+	s := startCaddyAdmin(t, "", `
 	handle /metrics {
 		metrics
 	}
@@ -232,6 +232,11 @@ func TestLLMPresets(t *testing.T) {
 	// The probe (gpt-4o, 0 tokens) costs 1 up front and 0 afterwards.
 	if c := charged(priced, "money", 100000000); c != want {
 		t.Errorf("priced answer: charged %d, want %d", c, want)
+	}
+	// The admin API shows the money left: the probe's unit included.
+	money := adminPolicy(t, s.adminOK(http.MethodGet, "/rate_limit/usage?tenant=money", ""), "money")
+	if left := money["remaining"]; left != float64(100000000-want-1) {
+		t.Errorf("admin usage of a priced policy: remaining %v, want %d", left, 100000000-want-1)
 	}
 	// A model without a price (no "*"): 400, nothing charged.
 	if res := post(priced+"?tokens=3000", "unpriced", `{"model":"llama-3","messages":[]}`); res.status != http.StatusBadRequest {

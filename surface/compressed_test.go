@@ -91,3 +91,28 @@ func TestSideDecoderWindowMemory(t *testing.T) {
 		t.Errorf("window memory %d after the decoder ended, want 0", windowMemory.Load())
 	}
 }
+
+// TestSideDecoderBomb: a body that inflates beyond 256 times its size
+// (plus 1 MiB) stops being read, with errInflated; what came before the
+// bound was fed.
+func TestSideDecoderBomb(t *testing.T) {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	zw.Write([]byte(`{"usage":{"total_tokens":7},"pad":"`))
+	zw.Write(bytes.Repeat([]byte{'0'}, 64<<20))
+	zw.Write([]byte(`"}`))
+	zw.Close()
+	var fed int64
+	d := startSideDecoder("gzip", func(p []byte) { fed += int64(len(p)) })
+	for rest := b.Bytes(); len(rest) > 0; {
+		n := min(len(rest), 4096)
+		d.Write(rest[:n])
+		rest = rest[n:]
+	}
+	if err := d.finish(); err != errInflated {
+		t.Fatalf("a %d-byte body inflating to 64 MiB: %v, want %v", b.Len(), err, errInflated)
+	}
+	if limit := int64(maxInflation*b.Len() + inflationSlack); fed > limit || fed == 0 {
+		t.Errorf("fed %d bytes, want some and at most %d", fed, limit)
+	}
+}
