@@ -38,7 +38,7 @@ import (
 //			key_prefix <string>
 //			breaker_failures <n>
 //			breaker_cooldown <duration>
-//			functions              # Redis 7: FCALL of a function library instead of EVALSHA
+//			functions on|off        # default on: FCALL of a function library where the server allows it, else EVALSHA
 //		}
 //		tenant <placeholder-template>
 //		tier <placeholder-template>
@@ -344,9 +344,17 @@ var redisBlock = block[*RedisConfig]{
 		rc.BreakerCooldown, err = p.durationArg()
 		return err
 	}},
-	{name: "functions", usage: "functions", repeatable: true, field: "functions", parse: func(p cfParser, rc *RedisConfig) error {
-		rc.Functions = true
-		return p.flag()
+	{name: "functions", usage: "functions [on|off]", field: "functions", parse: func(p cfParser, rc *RedisConfig) error {
+		args, err := p.args(0, 1)
+		if err != nil {
+			return err
+		}
+		on := len(args) == 0 || args[0] == "on"
+		if len(args) == 1 && args[0] != "on" && args[0] != "off" {
+			return p.dirErr("%q: want on or off (default on: functions where the server allows them, else EVALSHA)", args[0])
+		}
+		rc.Functions = &on
+		return nil
 	}},
 }
 

@@ -105,6 +105,14 @@ func TestCaddyfileHandlerDirectives(t *testing.T) {
 		{"redis sentinel", withPolicy("redis {\n address s1:26379 s2:26379\n sentinel mymaster\n db 1\n}"), baseHandler(func(h *Handler) {
 			h.Redis = &RedisConfig{Addresses: []string{"s1:26379", "s2:26379"}, SentinelMaster: "mymaster", DB: 1}
 		})},
+		{"redis functions off", withPolicy("redis {\n address a:1\n functions off\n}"), baseHandler(func(h *Handler) {
+			off := false
+			h.Redis = &RedisConfig{Addresses: []string{"a:1"}, Functions: &off}
+		})},
+		{"redis functions bare", withPolicy("redis {\n address a:1\n functions\n}"), baseHandler(func(h *Handler) {
+			on := true
+			h.Redis = &RedisConfig{Addresses: []string{"a:1"}, Functions: &on}
+		})},
 		{"redis tls bare", withPolicy("redis {\n address a:1\n tls\n}"), baseHandler(func(h *Handler) {
 			h.Redis = &RedisConfig{Addresses: []string{"a:1"}, TLS: &RedisTLSConfig{}}
 		})},
@@ -399,6 +407,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"cost_after preset args", policy("cost_after openai extra"), 3, []string{`cost_after: "openai": unknown source`}},
 		{"price without output", policy("price gpt-4o input 1 cached 2"), 3, []string{"price: want input and output prices; usage: price <model-glob> input <n> output <n> [cached <n>]"}},
 		{"price unknown kind", policy("price gpt-4o input 1 output 2 batch 3"), 3, []string{`price: "batch": unknown price (allowed: input, output, cached)`}},
+		{"functions word", withPolicy("redis {\n address a:1\n functions maybe\n}"), 4, []string{`functions: "maybe": want on or off`}},
 		{"cost_before source", policy("cost_before header X"), 3, []string{`cost_before: "header": unknown source (allowed: json)`}},
 		{"price twice", policy("price gpt-4o input 1 input 2 output 3"), 3, []string{"price: input given twice"}},
 		{"price not a number", policy("price gpt-4o input one output 2"), 3, []string{`price: "one" is not a valid integer (want a non-negative integer (units per token))`}},
