@@ -95,6 +95,9 @@ func (a *llmAPI) serve(w http.ResponseWriter, r *http.Request) {
 			io.WriteString(w, ev)
 			rc.Flush()
 		}
+	case "/v1/models":
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"list","data":[{"id":"gpt-4o-mini","object":"model","created":1,"owned_by":"openai"}]}`)
 	case "/v1/messages":
 		w.Header().Set("Content-Type", "text/event-stream")
 		for _, ev := range []string{
@@ -252,7 +255,23 @@ func TestLLMPresets(t *testing.T) {
 		t.Errorf("anthropic stream: charged %d, want 3000", c)
 	}
 
+	// A request without a body (listing models) asks for no tokens: its
+	// unit up front, not a missing cost.
+	if res := s.get("/openai/v1/models", "X-Tenant", "models"); res.status != 200 {
+		t.Errorf("GET /v1/models: status %d", res.status)
+	}
+	if c := charged(chat, "models", 1000000); c != 1 {
+		t.Errorf("GET /v1/models: charged %d, want its 1 unit up front", c)
+	}
+
 	after := scrapeMetrics(t, s.base+"/metrics")
+	for _, policy := range []string{"tokens", "money", "a_tokens"} {
+		for _, reason := range []string{"no_value", "client_gone", "not_json"} {
+			if d := after.value("caddy_rate_limit_cost_missing_total", "policy", policy, "reason", reason) - before.value("caddy_rate_limit_cost_missing_total", "policy", policy, "reason", reason); d != 0 {
+				t.Errorf("cost_missing_total{policy=%s,reason=%s} grew by %v, want 0: every answer had its usage", policy, reason, d)
+			}
+		}
+	}
 	for result, want := range map[string]float64{"usage_requested": 1} {
 		if d := after.value("caddy_rate_limit_llm_requests_total", "result", result) - before.value("caddy_rate_limit_llm_requests_total", "result", result); d != want {
 			t.Errorf("llm_requests_total{result=%s} grew by %v, want %v", result, d, want)

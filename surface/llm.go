@@ -101,6 +101,7 @@ func upFrontCost(p *policyRuntime, st *requestState, fallback int64) int64 {
 
 func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm.Provider) string {
 	if r.Body == nil || r.Body == http.NoBody {
+		st.noBody = true
 		return llmNoBody
 	}
 	orig := r.Body
@@ -114,6 +115,11 @@ func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm
 		return llmTooLarge
 	}
 	st.bodyLen, st.body = int64(len(body)), body
+	if len(body) == 0 {
+		restore(body)
+		st.noBody = true
+		return llmNoBody
+	}
 	req, ok := llm.ParseRequest(body)
 	if !ok {
 		restore(body)

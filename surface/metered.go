@@ -449,6 +449,11 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
 			continue
 		}
 		n, why := mw.cost(i)
+		if n < 0 && m.Preset != 0 && st.noBody {
+			// A request without a body to an LLM API (listing models)
+			// generated nothing: its up-front cost, not a missing one.
+			why = missingBodiless
+		}
 		if n < 0 && why != missingNoResponse && why != missingBodiless && why != missingFailed {
 			p := st.policies[i]
 			if h.metrics != nil {

@@ -84,6 +84,9 @@ type requestState struct {
 	// body is what was read of it (nil when it was not, or is too large).
 	readBody bool
 	body     []byte
+	// noBody: a preset's request had no body (GET /v1/models): it asks
+	// for no tokens, and its answer reports none.
+	noBody bool
 }
 
 var requestStates = sync.Pool{New: func() any { return new(requestState) }}
@@ -98,7 +101,7 @@ func getRequestState() *requestState {
 	s.meters = s.meters[:0]
 	s.metered = false
 	s.wait = 0
-	s.model, s.bodyLen, s.strip, s.readBody, s.body = "", -1, false, false, nil
+	s.model, s.bodyLen, s.strip, s.readBody, s.body, s.noBody = "", -1, false, false, nil, false
 	return s
 }
 
