@@ -47,15 +47,16 @@ func BenchmarkServeHTTP(b *testing.B) {
 	})
 }
 
-// BenchmarkServeHTTPRedis measures the whole handler on Redis with
-// lease 50 (served locally, about one script call per 50 requests)
-// against the embedded store, same run.
+// BenchmarkServeHTTPRedis measures the whole handler on Redis strictly
+// (one script call per request) and with lease 50 (served locally, about
+// one script call per 50 requests) against the embedded store, same run.
 func BenchmarkServeHTTPRedis(b *testing.B) {
 	srv := redistest.StartStandalone(b, redistest.Options{})
 	w := httptest.NewRecorder()
 	for name, store := range map[string]string{
-		"embedded":    ``,
-		"redis_lease": `"redis":{"addresses":["` + srv.Addr + `"]},"lease":{"max_tokens":50},`,
+		"embedded":     ``,
+		"redis_strict": `"redis":{"addresses":["` + srv.Addr + `"]},`,
+		"redis_lease":  `"redis":{"addresses":["` + srv.Addr + `"]},"lease":{"max_tokens":50},`,
 	} {
 		b.Run(name, func(b *testing.B) {
 			h := provisionHandler(b, `{`+store+`"tenant":"{http.request.header.X-Tenant}",
