@@ -263,6 +263,19 @@ func TestLLMPresets(t *testing.T) {
 	if c := charged(chat, "models", 1000000); c != 1 {
 		t.Errorf("GET /v1/models: charged %d, want its 1 unit up front", c)
 	}
+	// ... even where a price table has no default: no model to price.
+	if res := s.get("/priced/v1/models", "X-Tenant", "models"); res.status != 200 {
+		t.Errorf("GET /v1/models on a price table without *: status %d, want 200", res.status)
+	}
+	// A body too large to be read whole (padding costs no tokens) would
+	// escape its price and its usage: refused before anything happens.
+	padded := `{"model":"gpt-4o","stream":true,"messages":[]}` + strings.Repeat(" ", 4<<20)
+	if res := post(priced+"?tokens=3000", "padded", padded); res.status != http.StatusRequestEntityTooLarge {
+		t.Errorf("a 4 MiB padded body: status %d, want 413", res.status)
+	}
+	if got := api.got("padded").body; got != "" {
+		t.Errorf("the upstream received the padded request (%d bytes)", len(got))
+	}
 
 	after := scrapeMetrics(t, s.base+"/metrics")
 	for _, policy := range []string{"tokens", "money", "a_tokens"} {

@@ -404,7 +404,8 @@ func TestCaddyfileErrors(t *testing.T) {
 
 		// tier / override
 		{"cost_after one arg", policy("cost_after header"), 3, []string{"cost_after: wrong number of arguments (1)", "usage: cost_after openai | cost_after anthropic | cost_after header <Name> | cost_after json <path>[+<path>...]"}},
-		{"cost_after preset args", policy("cost_after openai extra"), 3, []string{`cost_after: "openai": unknown source`}},
+		{"cost_after preset args", policy("cost_after openai extra"), 3, []string{"cost_after: wrong number of arguments (2)"}},
+		{"cost_after misspelt", policy("cost_after opneai"), 3, []string{`cost_after: "opneai": unknown source (allowed: openai, anthropic, header, json)`}},
 		{"price without output", policy("price gpt-4o input 1 cached 2"), 3, []string{"price: want input and output prices; usage: price <model-glob> input <n> output <n> [cached <n>]"}},
 		{"price unknown kind", policy("price gpt-4o input 1 output 2 batch 3"), 3, []string{`price: "batch": unknown price (allowed: input, output, cached)`}},
 		{"functions word", withPolicy("redis {\n address a:1\n functions maybe\n}"), 4, []string{`functions: "maybe": want on or off`}},

@@ -172,7 +172,10 @@ func (p cfParser) costAfter() (*CostAfterConfig, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(args) == 1 && args[0] != "openai" && args[0] != "anthropic" {
+	if len(args) == 1 && args[0] != "openai" && args[0] != "anthropic" && args[0] != "header" && args[0] != "json" {
+		return nil, p.dirErr("%q: unknown source (allowed: openai, anthropic, header, json); usage: %s", args[0], costAfterForms)
+	}
+	if len(args) == 1 && (args[0] == "header" || args[0] == "json") {
 		return nil, p.dirErr("wrong number of arguments (1); usage: %s", costAfterForms)
 	}
 	switch {
@@ -183,7 +186,7 @@ func (p cfParser) costAfter() (*CostAfterConfig, error) {
 	case args[0] == "json":
 		// "usage.a + usage.b" arrives as three arguments.
 		return &CostAfterConfig{JSON: strings.Join(args[1:], " ")}, nil
-	case args[0] == "header":
+	case args[0] == "header", args[0] == "openai", args[0] == "anthropic":
 		return nil, p.dirErr("wrong number of arguments (%d); usage: %s", len(args), costAfterForms)
 	}
 	return nil, p.dirErr("%q: unknown source (allowed: openai, anthropic, header, json); usage: %s", args[0], costAfterForms)

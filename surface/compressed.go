@@ -3,6 +3,7 @@ package surface
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -61,6 +62,7 @@ func sideDecodable(enc string) bool {
 
 // decoderPool reuses the decoders of one coding.
 type decoderPool struct {
+	name string
 	pool sync.Pool
 	// open returns a decoder reading r, new or from the pool.
 	open func(p *decoderPool, r io.Reader) (io.Reader, error)
@@ -70,6 +72,7 @@ type decoderPool struct {
 
 var (
 	gzipDecoders = &decoderPool{
+		name: "gzip",
 		open: func(p *decoderPool, r io.Reader) (io.Reader, error) {
 			if d, ok := p.pool.Get().(*gzip.Reader); ok {
 				return d, d.Reset(r)
@@ -79,6 +82,7 @@ var (
 		close: func(p *decoderPool, d io.Reader) { p.pool.Put(d) },
 	}
 	brotliDecoders = &decoderPool{
+		name: "br",
 		open: func(p *decoderPool, r io.Reader) (io.Reader, error) {
 			if d, ok := p.pool.Get().(*brotli.Reader); ok {
 				return d, d.Reset(r)
@@ -88,6 +92,7 @@ var (
 		close: func(p *decoderPool, d io.Reader) { p.pool.Put(d) },
 	}
 	zstdDecoders = &decoderPool{
+		name: "zstd",
 		open: func(p *decoderPool, r io.Reader) (io.Reader, error) {
 			if d, ok := p.pool.Get().(*zstd.Decoder); ok {
 				return d, d.Reset(r)
@@ -143,6 +148,14 @@ func startSideDecoder(enc string, feed func([]byte)) *sideDecoder {
 // run decodes until the end of the body, an error, or inflation.
 func (d *sideDecoder) run(pool *decoderPool, pr *io.PipeReader, feed func([]byte)) {
 	defer close(d.done)
+	defer func() {
+		// A decoder's panic on a hostile stream must not take the
+		// process down: this goroutine is not the request's.
+		if v := recover(); v != nil {
+			d.err = fmt.Errorf("decoding the %s body: panic: %v", pool.name, v)
+			pr.CloseWithError(errDecoderStopped)
+		}
+	}()
 	in := &countingReader{r: pr}
 	head := bufio.NewReaderSize(in, 64)
 	reserved, err := reserveWindow(pool, head)

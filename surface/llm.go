@@ -20,9 +20,11 @@ import (
 // chat or completions request that did not ask for its usage is made to
 // (stream_options.include_usage), so that a client cannot stream an
 // answer for free; what that adds to the stream is taken out again on the
-// way back (llm.UsageStripper). The body is read up to maxLLMBody; a
-// larger body, or one that is not a JSON object, passes on untouched, and
-// caddy_rate_limit_llm_requests_total counts each case.
+// way back (llm.UsageStripper). The body is read up to maxLLMBody: a
+// larger one is refused with 413 before the decision (unread, it could not
+// be priced nor reserved); one that is not a JSON object (a multipart
+// upload) passes on untouched; caddy_rate_limit_llm_requests_total counts
+// each case.
 
 // maxLLMBody is the most of a request body read for a preset.
 const maxLLMBody = 4 << 20
@@ -31,7 +33,7 @@ const maxLLMBody = 4 << 20
 const (
 	llmRead           = "read"            // read: its model is known
 	llmUsageRequested = "usage_requested" // read, and include_usage was set for the client
-	llmTooLarge       = "too_large"       // larger than maxLLMBody: passed on untouched
+	llmTooLarge       = "too_large"       // larger than maxLLMBody: refused with 413
 	llmNotJSON        = "not_json"        // not a JSON object: passed on untouched
 	llmNoBody         = "no_body"         // no body at all
 )
@@ -55,8 +57,14 @@ func (h *Server) readRequestBody(r *http.Request, st *requestState) error {
 	if h.metrics != nil {
 		h.metrics.LLMRequest(result)
 	}
+	if result == llmTooLarge {
+		// Unread, it would be priced, reserved and streamed without its
+		// usage as the client pleases (padding a body costs no tokens).
+		return caddyhttp.Error(http.StatusRequestEntityTooLarge,
+			fmt.Errorf("request body over %d bytes: a metered LLM request is read whole to be priced", maxLLMBody))
+	}
 	for i, m := range st.meters {
-		if m == nil || m.Prices == nil {
+		if m == nil || m.Prices == nil || st.noBody {
 			continue
 		}
 		if _, ok := m.Prices.Lookup(st.model); !ok {

@@ -1,5 +1,10 @@
 package llm
 
+import (
+	"bytes"
+	"encoding/json"
+)
+
 // Byte-level edits of JSON documents: the request body gets
 // stream_options.include_usage and a stream chunk loses its "usage":null,
 // and everything else stays byte for byte as it was (key order, spacing,
@@ -10,7 +15,8 @@ package llm
 type member struct{ key, val, end int }
 
 // findMember returns the last member of the top-level object of doc named
-// name (compared as sent, without unescaping: the APIs send plain keys).
+// name (compared after unescaping, so "stream_opt\u0069ons" is
+// stream_options).
 // doc must be valid JSON (json.Valid); ok is false when its root is not
 // an object or has no such member. The last one, because JSON decoders
 // keep the last of duplicate names.
@@ -31,7 +37,7 @@ func findMember(doc []byte, name string) (m member, ok bool) {
 		i = skipSpace(doc, i) + 1 // ':'
 		val := skipSpace(doc, i)
 		end := valueEnd(doc, val)
-		if string(keyName) == name {
+		if keyIs(keyName, name) {
 			m, ok = member{key: key, val: val, end: end}, true
 		}
 		i = skipSpace(doc, end)
@@ -61,6 +67,17 @@ func removeMember(doc []byte, m member) []byte {
 	out := make([]byte, 0, len(doc)-(end-start))
 	out = append(out, doc[:start]...)
 	return append(out, doc[end:]...)
+}
+
+// keyIs reports whether the raw (still escaped) key k reads as name.
+func keyIs(k []byte, name string) bool {
+	if bytes.IndexByte(k, '\\') < 0 {
+		return string(k) == name
+	}
+	var s string
+	q := make([]byte, 0, len(k)+2)
+	q = append(append(append(q, '"'), k...), '"')
+	return json.Unmarshal(q, &s) == nil && s == name
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }

@@ -106,6 +106,12 @@ func (p Provider) Tokens(e *usage.Extractor) (t Tokens, ok bool) {
 		t.Output = pick(1, 4, 7)
 		t.Cached = pick(2, 5)
 	case Anthropic:
+		// message_start reports 1 output token, a placeholder: without
+		// the final count (a JSON answer's usage or message_delta's),
+		// the usage is missing, not 1.
+		if _, final := e.Value(1); !final {
+			return Tokens{}, false
+		}
 		in := pick(0, 4)
 		t.Output = pick(1, 5)
 		t.Cached = pick(2, 6)

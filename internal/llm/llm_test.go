@@ -18,6 +18,7 @@ func TestWithUsage(t *testing.T) {
 		{`{"stream":true,"stream_options":{ }}`, `{"stream":true,"stream_options":{ "include_usage":true}}`},
 		{`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":false,"include_usage":true}}`},
 		{`{"stream":true,"x":{"stream_options":1},"stream_options" : {"a":"}"} }`, `{"stream":true,"x":{"stream_options":1},"stream_options" : {"a":"}","include_usage":true} }`},
+		{`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":false,"include_usage":true}}`},
 	} {
 		got, ok := WithUsage([]byte(tc.in))
 		if !ok || string(got) != tc.want {
@@ -42,6 +43,11 @@ func TestParseRequest(t *testing.T) {
 	}{
 		{`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true}}`, Request{"gpt-4o", true, true}, true},
 		{`{"model":7,"stream":"yes"}`, Request{}, true},
+		// Exact names, the last of duplicates, lenient truth.
+		{`{"model":"gpt-4o","Model":"cheap"}`, Request{Model: "gpt-4o"}, true},
+		{`{"stream":true,"STREAM":false}`, Request{Stream: true}, true},
+		{`{"model":"a","model":"b","stream":1}`, Request{Model: "b", Stream: true}, true},
+		{`{"stream":"true","stream_options":{"include_usage":1}}`, Request{Stream: true, IncludeUsage: true}, true},
 		{`[1]`, Request{}, false},
 		{`{"model":"m"`, Request{}, false},
 		{`not json`, Request{}, false},
@@ -108,6 +114,7 @@ func TestUsageStripperLeaves(t *testing.T) {
 		"data: [DONE]\n\n",
 		"data: {\"x\":\"usage\"}\n\n",
 		"data: {\"usage\":null,\"choices\":[]}", // no end: held, then written as is
+		"data: {\"choices\":[],\"usage\":{\"total_tokens\":3}}\nid: 7\n\n", // another field: not an event of one line
 	} {
 		var out bytes.Buffer
 		var s UsageStripper
@@ -120,6 +127,14 @@ func TestUsageStripperLeaves(t *testing.T) {
 	}
 	var out bytes.Buffer
 	var s UsageStripper
+	// Events separated by more than one empty line: each edited alike.
+	s.Reset(&out)
+	s.Write([]byte("data: {\"a\":1,\"usage\":null}\n\n\ndata: {\"b\":2,\"usage\":null}\n\n\n\ndata: {\"choices\":[],\"usage\":{\"total_tokens\":3}}\n\n"))
+	s.Close()
+	if want := "data: {\"a\":1}\n\n\ndata: {\"b\":2}\n\n\n\n"; out.String() != want {
+		t.Errorf("extra empty lines: %q, want %q", out.String(), want)
+	}
+	out.Reset()
 	s.Reset(&out)
 	s.Write([]byte("data: {\"usage\":null,\"a\":1}\n\n"))
 	if out.String() != "data: {\"a\":1}\n\n" {
@@ -154,6 +169,8 @@ func TestTokens(t *testing.T) {
 		{OpenAI, "data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":3}}}\n\n", true, Tokens{7, 3, 0}, true},
 		{OpenAI, `{"usage":{"prompt_tokens":0,"completion_tokens":0}}`, false, Tokens{}, true},
 		{Anthropic, `{"usage":{"input_tokens":10,"output_tokens":5,"cache_read_input_tokens":100,"cache_creation_input_tokens":20}}`, false, Tokens{130, 5, 100}, true},
+		// Cut after message_start: its output_tokens 1 is a placeholder.
+		{Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n", true, Tokens{}, false},
 		{Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1,\"cache_read_input_tokens\":5}}}\n\n" +
 			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n", true, Tokens{30, 15, 5}, true},
 	} {

@@ -17,22 +17,33 @@ type Request struct {
 
 // ParseRequest reads a request body; ok is false when it is not a JSON
 // object.
+//
+// Members are matched by their exact names after unescaping, the last of
+// duplicates winning, as the APIs' servers read them (encoding/json's
+// struct fields would also match "Model" or "STREAM"). A stream is asked
+// for by true, and by what a lenient server takes for true (1, "true").
 func ParseRequest(body []byte) (req Request, ok bool) {
-	var v struct {
-		Model         any `json:"model"`
-		Stream        any `json:"stream"`
-		StreamOptions any `json:"stream_options"`
-	}
+	var v map[string]json.RawMessage
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 || body[0] != '{' || json.Unmarshal(body, &v) != nil {
 		return Request{}, false
 	}
-	req.Model, _ = v.Model.(string)
-	req.Stream, _ = v.Stream.(bool)
-	if so, isObj := v.StreamOptions.(map[string]any); isObj {
-		req.IncludeUsage, _ = so["include_usage"].(bool)
+	_ = json.Unmarshal(v["model"], &req.Model)
+	req.Stream = truthy(v["stream"])
+	var so map[string]json.RawMessage
+	if json.Unmarshal(v["stream_options"], &so) == nil {
+		req.IncludeUsage = truthy(so["include_usage"])
 	}
 	return req, true
+}
+
+// truthy reports a JSON value a lenient server reads as true.
+func truthy(v json.RawMessage) bool {
+	switch string(bytes.TrimSpace(v)) {
+	case "true", "1", `"true"`, `"True"`, `"1"`:
+		return true
+	}
+	return false
 }
 
 // AsksUsage reports whether a request to path is one whose streamed

@@ -76,7 +76,7 @@ func (s *UsageStripper) Close() error {
 // be the first half of a CR LF: it ends a line only when final (nothing
 // follows b).
 func eventEnd(b []byte, final bool) int {
-	lineStart := false // right after a line end
+	lineStart := true // at the start of a line (an empty line alone ends an event)
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if c != '\n' && c != '\r' {
@@ -101,6 +101,22 @@ func eventEnd(b []byte, final bool) int {
 	return -1
 }
 
+// twoLineEnds reports whether b is exactly a line end and an empty line:
+// what follows the data line of an event of one line.
+func twoLineEnds(b []byte) bool {
+	for range 2 {
+		switch {
+		case bytes.HasPrefix(b, []byte("\r\n")):
+			b = b[2:]
+		case len(b) > 0 && (b[0] == '\n' || b[0] == '\r'):
+			b = b[1:]
+		default:
+			return false
+		}
+	}
+	return len(b) == 0
+}
+
 // stripEvent returns the event ev edited: nil for a usage-only chunk,
 // without "usage":null for another chunk, else ev itself. Only an event
 // of one data line holding a JSON object is edited.
@@ -114,7 +130,7 @@ func stripEvent(ev []byte) []byte {
 		start++
 	}
 	doc := ev[start:lineEnd]
-	if eventEnd(ev[lineEnd:], true) != len(ev)-lineEnd || !bytes.HasPrefix(bytes.TrimLeft(doc, " \t"), []byte("{")) || !json.Valid(doc) {
+	if !twoLineEnds(ev[lineEnd:]) || !bytes.HasPrefix(bytes.TrimLeft(doc, " \t"), []byte("{")) || !json.Valid(doc) {
 		return ev // several lines, or not an object
 	}
 	u, ok := findMember(doc, "usage")
