@@ -113,7 +113,7 @@ func TestUsageStripperLeaves(t *testing.T) {
 		"data: {\"usage\":null\n\n", // not JSON
 		"data: [DONE]\n\n",
 		"data: {\"x\":\"usage\"}\n\n",
-		"data: {\"usage\":null,\"choices\":[]}", // no end: held, then written as is
+		"data: {\"usage\":null,\"choices\":[]}",                            // no end: held, then written as is
 		"data: {\"choices\":[],\"usage\":{\"total_tokens\":3}}\nid: 7\n\n", // another field: not an event of one line
 	} {
 		var out bytes.Buffer
