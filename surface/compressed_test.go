@@ -3,12 +3,14 @@ package surface
 import (
 	"bytes"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/andybalholm/brotli"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+	"github.com/tollgate/caddy-tollgate/internal/llm"
 )
 
 func TestDecoderWindows(t *testing.T) {
@@ -114,5 +116,30 @@ func TestSideDecoderBomb(t *testing.T) {
 	}
 	if limit := int64(maxInflation*b.Len() + inflationSlack); fed > limit || fed == 0 {
 		t.Errorf("fed %d bytes, want some and at most %d", fed, limit)
+	}
+}
+
+// TestOnlyGzipWhenWindowsRunOut: once the decoder windows are nearly all
+// taken, a preset request asks its upstream for gzip only, whose answers
+// can still be read.
+func TestOnlyGzipWhenWindowsRunOut(t *testing.T) {
+	h := &Server{}
+	ask := func(ae string) string {
+		r, _ := http.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		if ae != "" {
+			r.Header.Set("Accept-Encoding", ae)
+		}
+		h.inspectLLMRequest(r, &requestState{bodyLen: -1}, llm.OpenAI)
+		return r.Header.Get("Accept-Encoding")
+	}
+	if got := ask("zstd, br, gzip"); got != "zstd, br, gzip" {
+		t.Errorf("with room: Accept-Encoding %q, want it as sent", got)
+	}
+	windowMemory.Store(maxWindowMemory - windowHeadroom + 1)
+	t.Cleanup(func() { windowMemory.Store(0) })
+	for ae, want := range map[string]string{"zstd, br, gzip;q=0.5": "gzip", "br": "", "GZIP": "gzip", "": ""} {
+		if got := ask(ae); got != want {
+			t.Errorf("windows nearly full, Accept-Encoding %q: sent on %q, want %q", ae, got, want)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -108,6 +109,11 @@ func upFrontCost(p *policyRuntime, st *requestState, fallback int64) int64 {
 }
 
 func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm.Provider) string {
+	if windowMemory.Load() > maxWindowMemory-windowHeadroom {
+		// Windows nearly all taken: an answer in zstd or br could not be
+		// read, so the upstream is asked for gzip (or nothing) instead.
+		onlyGzip(r.Header)
+	}
 	if r.Body == nil || r.Body == http.NoBody {
 		st.noBody = true
 		return llmNoBody
@@ -148,6 +154,28 @@ func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm
 	r.TransferEncoding = nil
 	r.GetBody = nil
 	return result
+}
+
+// windowHeadroom is the room left for decoder windows under which a
+// preset request asks its upstream for gzip only: a 16 MiB brotli window
+// and an 8 MiB zstd one still fit.
+const windowHeadroom = 24 << 20
+
+// onlyGzip keeps gzip (whose decoder needs no window budget) as the only
+// compression h accepts.
+func onlyGzip(h http.Header) {
+	ae := h.Get("Accept-Encoding")
+	if ae == "" {
+		return
+	}
+	for _, coding := range strings.Split(ae, ",") {
+		name, _, _ := strings.Cut(strings.TrimSpace(coding), ";")
+		if strings.EqualFold(name, "gzip") {
+			h.Set("Accept-Encoding", "gzip")
+			return
+		}
+	}
+	h.Del("Accept-Encoding")
 }
 
 // bodyReadCloser is a request body read (partly) ahead: its Reader
