@@ -396,8 +396,10 @@ func TestDelayObservability(t *testing.T) {
 	if b := before.metric(hist, "policy", "obs_enforced"); b != nil {
 		sum -= b.Histogram.GetSampleSum()
 	}
-	if sum > 0.3 || sum < 0.3-2*lateTolerance.Seconds() {
-		t.Errorf("%s sum = %v, want about 0.3 (100ms + 200ms)", hist, sum)
+	// Each wait is its turn, give or take the time a concurrent request
+	// took to be decided first (0.300034 s once in 30 -short runs).
+	if math.Abs(sum-0.3) > 2*lateTolerance.Seconds() {
+		t.Errorf("%s sum = %v, want 0.3 (100ms + 200ms) within %v", hist, sum, 2*lateTolerance)
 	}
 	if m.metric(hist, "policy", "obs_shadow") != nil {
 		t.Errorf("%s has a series for the shadow policy", hist)
