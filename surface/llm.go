@@ -99,12 +99,7 @@ func upFrontCost(p *policyRuntime, st *requestState, fallback int64) int64 {
 	if !found {
 		return fallback
 	}
-	var n int64
-	if price, ok := p.meter.Prices.Lookup(st.model); ok {
-		n = price.Cost(llm.Tokens{Input: in, Output: out})
-	} else {
-		n = min(in+out, limiter.MaxCount)
-	}
+	n := priceTokens(p.meter, llm.Tokens{Input: in, Output: out}, st.model)
 	return min(max(n, 1), limiter.MaxCount)
 }
 

@@ -348,6 +348,15 @@ func (w *meteredWriter) FlushError() error {
 // cost returns the real cost the response reported for verdict i, or
 // limiter.NotMetered and why not.
 func (w *meteredWriter) cost(i int) (int64, string) {
+	n, why := w.readCost(i)
+	if n < 0 && w.status >= 400 && why != missingNoResponse && why != missingBodiless {
+		why = missingFailed // the work was not done: no cost is expected
+	}
+	return n, why
+}
+
+// readCost is cost, whatever the status.
+func (w *meteredWriter) readCost(i int) (int64, string) {
 	m := w.meters[i]
 	if !w.wroteHeader {
 		return limiter.NotMetered, missingNoResponse
@@ -364,18 +373,12 @@ func (w *meteredWriter) cost(i int) (int64, string) {
 		if v == "" {
 			v = w.headers[i]
 		}
-		if v == "" && w.status >= 400 {
-			return limiter.NotMetered, missingFailed
-		}
 		if v == "" {
 			return limiter.NotMetered, missingNoValue
 		}
 		return parseCostValue(v)
 	}
 	if !w.scan {
-		if w.status >= 400 {
-			return limiter.NotMetered, missingFailed
-		}
 		return limiter.NotMetered, w.skip
 	}
 	ex := &w.ex[w.exOf[i]]
@@ -385,9 +388,6 @@ func (w *meteredWriter) cost(i int) (int64, string) {
 		}
 	} else if n, ok := ex.Cost(); ok {
 		return n, ""
-	}
-	if w.status >= 400 {
-		return limiter.NotMetered, missingFailed
 	}
 	if w.sideErr != nil {
 		return limiter.NotMetered, missingCompressed
