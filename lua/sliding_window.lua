@@ -86,17 +86,20 @@ ALGORITHMS.sliding_window = function()
     eval = function(s, now, r, cost)
       local cur, e = roll(s, now, r)
       local pw = prev_weight(cur, e, r)
+      if cost > 0 and cost <= r.limit and fits(cur, pw, r, cost) then
+        -- Admitted: only the bucket after the charge is reported (its
+        -- reset is the one costly part of a decision; compute it once).
+        cur = {at = cur.at, n = cur.n + cost, prev = cur.prev}
+        local rem, reset = result(cur, cur, pw, now, r)
+        return true, rem, 0, reset, cur
+      end
       local rem, reset = result(s, cur, pw, now, r)
       if cost == 0 then
         return true, rem, 0, reset, cur
       elseif cost > r.limit then
         return false, rem, r.window, reset, cur
-      elseif not fits(cur, pw, r, cost) then
-        return false, rem, wait(s, now, r, cost), reset, cur
       end
-      cur = {at = cur.at, n = cur.n + cost, prev = cur.prev}
-      rem, reset = result(cur, cur, pw, now, r)
-      return true, rem, 0, reset, cur
+      return false, rem, wait(s, now, r, cost), reset, cur
     end,
 
     -- ttl: the current window's units count until the end of the next
