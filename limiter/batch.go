@@ -57,7 +57,7 @@ type batcher struct {
 	// pipe makes a pipeline to the node; redirect, when set (cluster), runs
 	// a single call that may need to follow a redirect.
 	pipe     func() redis.Pipeliner
-	redirect redis.Scripter
+	redirect redis.UniversalClient
 
 	// noFunctions is set once the node turned FCALL or FUNCTION LOAD
 	// down: scripts only, from then on.
@@ -70,6 +70,17 @@ type batcher struct {
 	queue    []*batchCall
 	flushers int
 	max      int // flushers at most: batches in flight at once
+
+	// pipes pools the pipelines flushers send batches with, so a batch
+	// allocates neither its pipeline nor its command list.
+	pipes sync.Pool
+}
+
+// batchPipe is a pipeline to the node and the command list it is given,
+// reused from batch to batch.
+type batchPipe struct {
+	redis.Pipeliner
+	cmds []redis.Cmder
 }
 
 // ErrQueueTimeout is the error of a call that waited longer than the
@@ -102,9 +113,9 @@ type batchCall struct {
 	args    []any
 	state   atomic.Uint32
 
-	cmd     *redis.Cmd
+	cmd     *redis.IntSliceCmd
 	done    chan struct{}
-	val     any
+	val     []int64
 	err     error
 	noscipt bool // the first attempt was answered NOSCRIPT
 	// queued is when the call was queued; sent and took, when its batch
@@ -121,7 +132,7 @@ type batchCall struct {
 
 var batchCalls = sync.Pool{New: func() any { return &batchCall{done: make(chan struct{}, 1)} }}
 
-func newBatcher(pipe func() redis.Pipeliner, redirect redis.Scripter, functions bool, queueLimit time.Duration) *batcher {
+func newBatcher(pipe func() redis.Pipeliner, redirect redis.UniversalClient, functions bool, queueLimit time.Duration) *batcher {
 	b := &batcher{pipe: pipe, redirect: redirect, max: maxBatchFlushers, queueLimit: queueLimit}
 	b.noFunctions.Store(!functions)
 	return b
@@ -145,7 +156,7 @@ type callTiming struct {
 // the library). abandoned reports that the call ended while a batch may
 // still hold it: the batch may still send the arguments, so the caller
 // must not reuse them.
-func (b *batcher) do(ctx context.Context, timeout time.Duration, script *luaScript, keys []string, args []any) (val any, timing callTiming, noscript, abandoned bool, err error) {
+func (b *batcher) do(ctx context.Context, timeout time.Duration, script *luaScript, keys []string, args []any) (val []int64, timing callTiming, noscript, abandoned bool, err error) {
 	c := batchCalls.Get().(*batchCall)
 	c.ctx, c.timeout, c.script, c.keys, c.args = ctx, timeout, script, keys, args
 	c.state.Store(callQueued)
@@ -200,12 +211,17 @@ func (b *batcher) do(ctx context.Context, timeout time.Duration, script *luaScri
 // flush sends batches while calls are queued, then ends.
 func (b *batcher) flush() {
 	var batch []*batchCall
+	p, _ := b.pipes.Get().(*batchPipe)
+	if p == nil {
+		p = &batchPipe{Pipeliner: b.pipe()}
+	}
 	for {
 		b.mu.Lock()
 		n := min(len(b.queue), maxBatchSize)
 		if n == 0 {
 			b.flushers--
 			b.mu.Unlock()
+			b.pipes.Put(p)
 			return
 		}
 		batch = append(batch[:0], b.queue[:n]...)
@@ -213,7 +229,7 @@ func (b *batcher) flush() {
 		clear(b.queue[rest:])
 		b.queue = b.queue[:rest]
 		b.mu.Unlock()
-		if b.send(batch) {
+		if b.send(p, batch) {
 			b.failQueued()
 		}
 		clear(batch)
@@ -245,7 +261,7 @@ func (b *batcher) failQueued() {
 
 // send runs one batch and hands every call its result. It reports
 // whether Redis left the batch unanswered past its deadline.
-func (b *batcher) send(batch []*batchCall) (timedOut bool) {
+func (b *batcher) send(p *batchPipe, batch []*batchCall) (timedOut bool) {
 	live := batch[:0]
 	var timeout time.Duration
 	for _, c := range batch {
@@ -272,7 +288,7 @@ func (b *batcher) send(batch []*batchCall) (timedOut bool) {
 	if fcall {
 		mode = execFCall
 	}
-	b.exec(ctx, live, mode)
+	b.exec(ctx, p, live, mode)
 	var retry []*batchCall
 	for _, c := range live {
 		switch err := c.cmd.Err(); {
@@ -292,24 +308,27 @@ func (b *batcher) send(batch []*batchCall) (timedOut bool) {
 	case fcall && !b.noFunctions.Load():
 		// Load the library and call again, in one pipeline; a node that
 		// refuses the library is called with scripts.
-		if !b.exec(ctx, retry, execLoadFCall) || isFunctionMissing(retry[0].cmd.Err()) {
+		if !b.exec(ctx, p, retry, execLoadFCall) || isFunctionMissing(retry[0].cmd.Err()) {
 			// Refused, or loaded where the calls do not go (a client
 			// that routes by key, seen as one node): scripts only.
 			b.noFunctions.Store(true)
-			b.load(ctx, notRun(retry))
+			b.load(ctx, p, notRun(retry))
 		}
 	default:
-		b.load(ctx, retry)
+		b.load(ctx, p, retry)
 	}
 	took := time.Since(sent)
 	for _, c := range live {
 		val, err := c.cmd.Result()
 		if b.redirect != nil && isRedirect(err) {
 			rctx, rcancel := context.WithTimeout(c.ctx, c.timeout)
-			val, err = c.script.EvalSha(rctx, b.redirect, c.keys, c.args...).Result()
-			if isNoScript(err) {
-				val, err = c.script.Eval(rctx, b.redirect, c.keys, c.args...).Result()
+			cmd := c.command(rctx, argEvalSha, c.script.shaArg)
+			_ = b.redirect.Process(rctx, cmd)
+			if isNoScript(cmd.Err()) {
+				cmd = c.command(rctx, argEval, c.script.srcArg)
+				_ = b.redirect.Process(rctx, cmd)
 			}
+			val, err = cmd.Result()
 			rcancel()
 		}
 		c.sent, c.took = sent, took
@@ -325,10 +344,10 @@ func (b *batcher) send(batch []*batchCall) (timedOut bool) {
 // load sends calls answered NOSCRIPT again after loading their scripts;
 // those still not run (SCRIPT LOAD refused by an ACL, or the cache
 // flushed again in between) are sent with their source (EVAL).
-func (b *batcher) load(ctx context.Context, calls []*batchCall) {
-	b.exec(ctx, calls, execEval)
+func (b *batcher) load(ctx context.Context, p *batchPipe, calls []*batchCall) {
+	b.exec(ctx, p, calls, execEval)
 	if rest := notRun(calls); len(rest) > 0 {
-		b.exec(ctx, rest, execEvalSource)
+		b.exec(ctx, p, rest, execEvalSource)
 	}
 }
 
@@ -359,8 +378,7 @@ const (
 // exec sends calls as one pipeline, as mode says. It reports false when
 // the library or a script was to be loaded and the node refused it (the
 // calls then hold that pipeline's replies, not to be used).
-func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
-	p := b.pipe()
+func (b *batcher) exec(ctx context.Context, p *batchPipe, calls []*batchCall, mode int) bool {
 	var loads []*redis.StringCmd
 	switch mode {
 	case execLoadFCall:
@@ -379,13 +397,19 @@ func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
 	for _, c := range calls {
 		switch mode {
 		case execFCall, execLoadFCall:
-			c.cmd = c.command(ctx, p, argFCall, c.script.fnArg)
+			c.cmd = c.command(ctx, argFCall, c.script.fnArg)
 		case execEvalSource:
-			c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
+			c.cmd = c.command(ctx, argEval, c.script.srcArg)
 		default:
-			c.cmd = c.command(ctx, p, argEvalSha, c.script.shaArg)
+			c.cmd = c.command(ctx, argEvalSha, c.script.shaArg)
 		}
+		p.cmds = append(p.cmds, c.cmd)
 	}
+	// One append of the whole list: the pipeline's own list is made at
+	// its size, once.
+	_ = p.BatchProcess(ctx, p.cmds...)
+	clear(p.cmds)
+	p.cmds = p.cmds[:0]
 	// Errors are per command (a failed connection fails them all).
 	_, _ = p.Exec(ctx)
 	for _, load := range loads {
@@ -400,23 +424,23 @@ func (b *batcher) exec(ctx context.Context, calls []*batchCall, mode int) bool {
 var (
 	argFCall   any = "fcall"
 	argEvalSha any = "evalsha"
+	argEval    any = "eval"
 )
 
-// command queues c on p as name (FCALL or EVALSHA) of fn (the function or
-// the script's digest), with arguments built in c.cmdArgs rather than by
-// go-redis's helpers, which box every key and the name on each call: keys
-// go as pointers into the caller's key slice, which outlives the call
-// (see do).
-func (c *batchCall) command(ctx context.Context, p redis.Pipeliner, name, fn any) *redis.Cmd {
+// command returns c as the command name (FCALL, EVALSHA or EVAL) of fn
+// (the function, the script's digest or its source), with arguments built
+// in c.cmdArgs rather than by go-redis's helpers, which box every key and
+// the name on each call: keys go as pointers into the caller's key slice,
+// which outlives the call (see do). Every script answers a list of
+// integers, read as such: no reply is boxed.
+func (c *batchCall) command(ctx context.Context, name, fn any) *redis.IntSliceCmd {
 	a := append(c.cmdArgs[:0], name, fn, len(c.keys))
 	for i := range c.keys {
 		a = append(a, &c.keys[i])
 	}
 	a = append(a, c.args...)
 	c.cmdArgs = a
-	cmd := redis.NewCmd(ctx, a...)
-	_ = p.Process(ctx, cmd)
-	return cmd
+	return redis.NewIntSliceCmd(ctx, a...)
 }
 
 // isFunctionMissing reports a node that does not hold the library.
@@ -437,7 +461,7 @@ func isConnError(err error) bool {
 }
 
 // finish hands c its result.
-func (b *batcher) finish(c *batchCall, val any, err error) {
+func (b *batcher) finish(c *batchCall, val []int64, err error) {
 	c.val, c.err = val, err
 	c.done <- struct{}{}
 }

@@ -202,14 +202,14 @@ type luaScript struct {
 	*redis.Script
 	// src is the script's source, for SCRIPT LOAD in a pipeline.
 	src string
-	// fnArg and shaArg are the library function's name and the script's
-	// digest, boxed once for the batcher's commands.
-	fnArg, shaArg any
+	// fnArg, shaArg and srcArg are the library function's name, the
+	// script's digest and its source, boxed once for the commands.
+	fnArg, shaArg, srcArg any
 }
 
 func newLuaScript(src, entry string) *luaScript {
 	s := &luaScript{Script: redis.NewScript(src), src: src, fnArg: lua.Function(entry)}
-	s.shaArg = s.Hash()
+	s.shaArg, s.srcArg = s.Hash(), src
 	return s
 }
 
@@ -575,7 +575,7 @@ func (sc *redisScratch) withOnceKey(keys []string) []string {
 // parseReply reads {admitted, now, (allowed, remaining, retry_us, reset_us)...}.
 // units, when not nil, receives each check's third field as it is (the
 // units a force call moved).
-func parseReply(reply any, idx []int, results []Result, units []int64) (bool, int64, error) {
+func parseReply(reply []int64, idx []int, results []Result, units []int64) (bool, int64, error) {
 	var head [2]int64
 	if err := parseResults(reply, head[:], idx, results, units); err != nil {
 		return false, 0, err
@@ -586,37 +586,23 @@ func parseReply(reply any, idx []int, results []Result, units []int64) (bool, in
 // parseResults reads a script reply made of len(head) integers, stored in
 // head, then (allowed, remaining, retry_us, reset_us) for each check of idx;
 // units, when not nil, receives each check's retry_us field unconverted.
-func parseResults(reply any, head []int64, idx []int, results []Result, units []int64) error {
-	arr, ok := reply.([]any)
+func parseResults(reply []int64, head []int64, idx []int, results []Result, units []int64) error {
 	h := len(head)
-	if !ok || len(arr) != h+4*len(idx) {
-		return fmt.Errorf("limiter: unexpected reply from the Redis script: %T of length %d", reply, len(arr))
+	if len(reply) != h+4*len(idx) {
+		return fmt.Errorf("limiter: unexpected reply from the Redis script: %d integers for %d checks", len(reply), len(idx))
 	}
-	var bad bool
-	num := func(v any) int64 {
-		n, ok := v.(int64)
-		if !ok {
-			bad = true
-		}
-		return n
-	}
-	for i := range head {
-		head[i] = num(arr[i])
-	}
+	copy(head, reply)
 	for j, i := range idx {
-		r := arr[h+4*j : h+4+4*j]
+		r := reply[h+4*j : h+4+4*j]
 		if units != nil {
-			units[i] = num(r[2])
+			units[i] = r[2]
 		}
 		results[i] = Result{
-			Allowed:    num(r[0]) == 1,
-			Remaining:  num(r[1]),
-			RetryAfter: fromMicros(num(r[2])),
-			Reset:      fromMicros(num(r[3])),
+			Allowed:    r[0] == 1,
+			Remaining:  r[1],
+			RetryAfter: fromMicros(r[2]),
+			Reset:      fromMicros(r[3]),
 		}
-	}
-	if bad {
-		return errors.New("limiter: unexpected reply from the Redis script: not an integer")
 	}
 	return nil
 }
@@ -629,8 +615,8 @@ func parseResults(reply any, head []int64, idx []int, results []Result, units []
 // the call is in flight, sc is marked so it is not reused (the batch may
 // still send its arguments). Without batching the Timeout bounds the whole
 // call.
-func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript, keys []string, args []any) (any, error) {
-	var v any
+func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript, keys []string, args []any) ([]int64, error) {
+	var v []int64
 	var err error
 	var took time.Duration
 	if b := s.batcherFor(ctx, keys); b != nil {
@@ -652,13 +638,13 @@ func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript
 	} else {
 		start := time.Now()
 		tctx, cancel := context.WithTimeout(ctx, s.timeout)
-		v, err = rs.script.EvalSha(tctx, s.client, keys, args...).Result()
+		v, err = s.callDirect(tctx, argEvalSha, rs.script.shaArg, keys, args)
 		if isNoScript(err) {
 			if s.observe != nil {
 				s.observe(rs.name, "noscript", time.Since(start))
 				start = time.Now()
 			}
-			v, err = rs.script.Eval(tctx, s.client, keys, args...).Result()
+			v, err = s.callDirect(tctx, argEval, rs.script.srcArg, keys, args)
 		}
 		cancel()
 		took = time.Since(start)
@@ -678,6 +664,19 @@ func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript
 		return nil, fmt.Errorf("limiter: redis %s: %w", rs.name, err)
 	}
 	return v, nil
+}
+
+// callDirect runs a script on its own round trip, as name (EVALSHA or
+// EVAL) of fn (its digest or source), its reply read as a list of integers.
+func (s *RedisStore) callDirect(ctx context.Context, name, fn any, keys []string, args []any) ([]int64, error) {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, name, fn, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	cmd := redis.NewIntSliceCmd(ctx, append(a, args...)...)
+	_ = s.client.Process(ctx, cmd)
+	return cmd.Result()
 }
 
 // batcherFor returns the batcher of the node keys live on, nil when the

@@ -495,9 +495,9 @@ func BenchmarkRedisBatching(b *testing.B) {
 			s.prepare(sc, checks)
 			sc.args = append(sc.args[:0], argDecideMode, argZero)
 			keys := sc.appendCheckArgs(checks, sc.all)
-			reply, err := decideScript.EvalSha(bgCtx, ap, keys, sc.args...).Result()
+			reply, err := decideScript.EvalSha(bgCtx, ap, keys, sc.args...).Int64Slice()
 			if isNoScript(err) {
-				reply, err = decideScript.Eval(bgCtx, ap, keys, sc.args...).Result()
+				reply, err = decideScript.Eval(bgCtx, ap, keys, sc.args...).Int64Slice()
 			}
 			if err != nil {
 				return err

@@ -5,8 +5,8 @@
 --
 -- The count never goes below zero: releasing a bucket that expired or was
 -- reset (it does not exist) is a no-op, and a bucket back at zero is
--- deleted (a fresh bucket). The key keeps its TTL. Returns the number of
--- keys released.
+-- deleted (a fresh bucket). The key keeps its TTL. Returns {the number of
+-- keys released} (a list, as every script this store calls answers).
 local released = 0
 for i, key in ipairs(KEYS) do
   if redis.call('EXISTS', key) == 1 then
@@ -17,4 +17,4 @@ for i, key in ipairs(KEYS) do
     released = released + 1
   end
 end
-return released
+return {released}
