@@ -34,6 +34,10 @@ var outside = map[string][]string{
 	"internal/caddyreq":  nil,
 	"cmd/caddy":          {"."},
 	"bench/luasrc":       {"lua"},
+	// bench/peers is a module of its own: the peers bench/run.sh measures
+	// Tollgate against, not part of the product.
+	"bench/peers/redisrate": nil,
+	"bench/peers/cmd/caddy": {"bench/peers/redisrate"},
 }
 
 // forbiddenLibraries are what the engine and the fleet layer must not

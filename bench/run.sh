@@ -5,12 +5,21 @@
 # Scenarios: plain `respond`; rate_limit on the embedded store (headers on,
 # and off); on Redis without a lease (one script call per request, strict)
 # and with lease 50; each Redis scenario also with all traffic on one
-# tenant (hot) and spread over 10 000 tenants.
+# tenant (hot) and spread over 10 000 tenants. Peers, what a user would
+# run instead, built from bench/peers (a module of its own, not part of
+# the product) into a second binary: redis_rate, a bare go-redis/redis_rate
+# handler (GCRA, one EVALSHA and one round trip per request); and
+# caddy_ratelimit, mholt/caddy-ratelimit in memory, only when
+# CADDY_RATELIMIT_SRC names a checkout of its source (the Go proxy here
+# does not serve it). Below the table, each Tollgate Redis row's
+# requests/s as a ratio to redis_rate's, and each embedded row's to
+# caddy_ratelimit's.
 #
-#   ./bench/run.sh                 # 3 rounds of 10 s per scenario (~8 min)
+#   ./bench/run.sh                 # 3 rounds of 10 s per scenario (~9 min)
 #   DURATION=30s ./bench/run.sh    # longer runs
 #   ROUNDS=5 ./bench/run.sh        # more interleaved rounds
 #   ONLY="baseline redis" ./bench/run.sh   # a subset of the scenarios
+#   CADDY_RATELIMIT_SRC=~/src/caddy-ratelimit ./bench/run.sh   # with that peer
 #
 # Installs wrk and redis-server from Debian packages when missing. Prints a
 # Markdown table and writes it to bench/results/latest.md. Besides
@@ -54,10 +63,11 @@ redis_cpu() {
 	redis-cli -p "$redis_port" info cpu | tr -d '\r' | awk -F: '$1=="used_cpu_user" || $1=="used_cpu_sys" {s += $2} END {printf "%.6f\n", s}'
 }
 
-# scenario NAME TENANTS RATE_LIMIT_BLOCK -> prints
+# scenario NAME TENANTS RATE_LIMIT_BLOCK [BINARY] -> prints
 # "name rps p50 p99 calls_per_req trips_per_req redis_cpu_us_per_req caddy_cpu_us_per_req"
+# BINARY is the Caddy to run: cmd/caddy unless said (the peers' binary).
 scenario() {
-	local name=$1 tenants=$2 block=$3 port admin
+	local name=$1 tenants=$2 block=$3 caddy=${4:-$work/caddy} port admin
 	port=$(free_port); admin=$(free_port)
 	cat >"$work/$name.Caddyfile" <<CADDY
 {
@@ -72,7 +82,7 @@ $block
 	respond "ok"
 }
 CADDY
-	"$work/caddy" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
+	"$caddy" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
 	local pid=$!
 	wait_port "$port"
 	# warm up: connections, buckets, scripts
@@ -115,12 +125,31 @@ embedded=$(printf "$policy" '' both '')
 embedded_off=$(printf "$policy" '' off '')
 strict=$(printf "$policy" "$redis_block" both '')
 leased=$(printf "$policy" "$redis_block" both 'lease 50')
+# The peers, configured as the policies above: never denying.
+redis_rate="	redis_rate {
+		address 127.0.0.1:$redis_port
+		rate 1000000000 per hour
+		burst 1000000000
+		key {http.request.header.X-Tenant}
+	}"
+# caddy-ratelimit keeps a ring of `events` timestamps per key, allocated
+# whole (1 000 000 000 would be 24 GB a key): 10 000 a second is 240 KB a
+# key and still ~30 times what one of 100 tenants gets here.
+caddy_ratelimit='	rate_limit {
+		zone z {
+			key {http.request.header.X-Tenant}
+			events 10000
+			window 1s
+		}
+	}'
 
 # name tenants block
 all=(
 	"baseline 100"
 	"embedded 100"
 	"embedded_headers_off 100"
+	"caddy_ratelimit 100"
+	"redis_rate 100"
 	"redis 100"
 	"redis_hot 1"
 	"redis_10k 10000"
@@ -132,12 +161,37 @@ declare -A block=(
 	[baseline]="" [embedded]="$embedded" [embedded_headers_off]="$embedded_off"
 	[redis]="$strict" [redis_hot]="$strict" [redis_10k]="$strict"
 	[lease]="$leased" [lease_hot]="$leased" [lease_10k]="$leased"
+	[redis_rate]="$redis_rate" [caddy_ratelimit]="$caddy_ratelimit"
 )
+declare -A binary=([redis_rate]="$work/caddy-peers" [caddy_ratelimit]="$work/caddy-peers")
 picked=()
 for s in "${all[@]}"; do
 	n=${s%% *}
-	if [ -z "${ONLY:-}" ] || [[ " $ONLY baseline " == *" $n "* ]]; then picked+=("$s"); fi
+	if [ -z "${ONLY:-}" ] || [[ " $ONLY baseline " == *" $n "* ]]; then
+		if [ "$n" = caddy_ratelimit ] && [ -z "${CADDY_RATELIMIT_SRC:-}" ]; then
+			echo "skipping caddy_ratelimit: set CADDY_RATELIMIT_SRC to a checkout of github.com/mholt/caddy-ratelimit" >&2
+			continue
+		fi
+		picked+=("$s")
+	fi
 done
+
+# The peers' binary: bench/peers as it is, or, with caddy-ratelimit, a
+# copy of it that also imports that module from CADDY_RATELIMIT_SRC
+# (a replace in the copy's go.mod; bench/peers/go.mod stays as it is).
+if [[ " ${picked[*]} " == *" caddy_ratelimit "* ]]; then
+	echo "building bench/peers with caddy-ratelimit from $CADDY_RATELIMIT_SRC..." >&2
+	src=$(cd "$CADDY_RATELIMIT_SRC" && pwd)
+	cp -r bench/peers "$work/peers"
+	printf 'package main\n\nimport _ "github.com/mholt/caddy-ratelimit"\n' >"$work/peers/cmd/caddy/ratelimit.go"
+	(cd "$work/peers" &&
+		go mod edit -require=github.com/mholt/caddy-ratelimit@v0.0.0 -replace="github.com/mholt/caddy-ratelimit=$src" &&
+		go mod tidy &&
+		go build -o "$work/caddy-peers" ./cmd/caddy)
+elif [[ " ${picked[*]} " == *" redis_rate "* ]]; then
+	echo "building bench/peers..." >&2
+	(cd bench/peers && go build -o "$work/caddy-peers" ./cmd/caddy)
+fi
 
 # Rounds interleave the scenarios and rotate their order (A B C, B C A,
 # ...) so that drift of a noisy machine, and whatever one scenario leaves
@@ -150,7 +204,7 @@ for round in $(seq "$ROUNDS"); do
 	for i in $(seq 0 $((k - 1))); do
 		j=$(((i + round - 1) % k))
 		set -- ${picked[$j]}
-		results+=("$round $(scenario "$1" "$2" "${block[$1]}")")
+		results+=("$round $(scenario "$1" "$2" "${block[$1]}" "${binary[$1]:-}")")
 	done
 done
 
@@ -163,6 +217,8 @@ labels = {
     "baseline": "plain Caddy `respond` (baseline)",
     "embedded": "embedded store",
     "embedded_headers_off": "embedded store, `headers off`",
+    "caddy_ratelimit": "mholt/caddy-ratelimit (in memory, sliding window)",
+    "redis_rate": "go-redis/redis_rate (GCRA, one EVALSHA per request)",
     "redis": "Redis, strict (no lease)",
     "redis_hot": "Redis, strict, one hot tenant",
     "redis_10k": "Redis, strict, 10 000 tenants",
@@ -191,4 +247,22 @@ for name in order:
     spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if len(ratios) > 1 else ""
     print(f"| {labels.get(name, name)} | {med([x[0] for x in xs]):.0f} | {med(ratios):.2f}{spread} | "
           f"{med([x[2] for x in xs]):.2f} ms | {med([x[3] for x in xs]):.2f} ms | {med([x[4] for x in xs]):.3f} | {med([x[5] for x in xs]):.3f} | {med([x[6] for x in xs]):.1f} µs | {med([x[7] for x in xs]):.1f} µs |")
+# Against the peers: requests/s over the peer's of the same round, median
+# (range) over rounds; Tollgate on Redis against redis_rate, on the
+# embedded store against caddy-ratelimit (the peers run 100 tenants).
+rps = {(rnd, name): float(r) for rnd, name, r, *_ in rows}
+peers = [("redis_rate", ["redis", "redis_hot", "redis_10k", "lease", "lease_hot", "lease_10k"]),
+         ("caddy_ratelimit", ["embedded", "embedded_headers_off"])]
+lines = []
+for peer, ours in peers:
+    for name in ours:
+        rs = sorted(rps[rnd, name] / rps[rnd, peer] for rnd in base if (rnd, name) in rps and (rnd, peer) in rps)
+        if rs:
+            spread = f" ({rs[0]:.2f}–{rs[-1]:.2f})" if len(rs) > 1 else ""
+            lines.append(f"- {labels[name]} / {peer}: {med(rs):.2f}{spread}")
+if lines:
+    print()
+    print("Requests/s against the peers (same round; median, range over rounds):")
+    print()
+    print("\n".join(lines))
 PY
