@@ -152,13 +152,18 @@ local CHECK_ARGS = 7
 local function parse_check(i, base)
   local b = base + (i - 1) * CHECK_ARGS
   local alg = algorithm(ARGV[b + 1])
+  local limit, burst = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 4])
+  local cap = limit
+  if burst > 0 then cap = burst end
+  -- Every field in the constructor: a field added later grows the
+  -- table's hash part, which costs Redis more than building it.
   local r = {
-    limit = tonumber(ARGV[b + 2]),
+    limit = limit,
     window = tonumber(ARGV[b + 3]),
-    burst = tonumber(ARGV[b + 4]),
+    burst = burst,
     minint = tonumber(ARGV[b + 5]),
+    cap = cap,
   }
-  if r.burst > 0 then r.cap = r.burst else r.cap = r.limit end
   return alg, r, tonumber(ARGV[b + 6]), ARGV[b + 7] == '1'
 end
 
