@@ -29,7 +29,9 @@ go run ./bench/luasrc "$work"
 cli() { redis-cli -p "$redis_port" "$@"; }
 sha=$(cli -x script load <"$work/decide.lua")
 lib=$(cat "$work/library.name")
-cli -x function load replace <"$work/library.lua" >/dev/null
+# bench.lua is the library with two measuring functions more (floor and
+# decide_many, see bench/luasrc); the decisions run the same code.
+cli -x function load replace <"$work/bench.lua" >/dev/null
 floor=$(cli script load "local t = redis.call('TIME')
 local v = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], '0123456789abcdef', 'PX', 60000)
@@ -52,6 +54,18 @@ row() {
 	local name=$1 algo form
 	case $name in
 	floor) echo "evalsha $floor 1 rl:floor:{tenant-__rand_int__}:api"; return ;;
+	floor/fcall) echo "fcall ${lib}_floor 1 rl:floorf:{tenant-__rand_int__}:api"; return ;;
+	many/one-call)
+		# 16 independent token_bucket decisions (16 tenants) in one call;
+		# measure divides its time by 16. Against token_bucket/fcall: the
+		# same decisions, one call each, pipelined.
+		local ks="" as="" t
+		for t in $(seq 16); do
+			ks="$ks rl:token_bucket:{tenant-$t}:api"
+			as="$as 1 9 decide 0 $(check token_bucket)"
+		done
+		echo "fcall ${lib}_decide_many 16$ks 16$as"
+		return ;;
 	charge/*)
 		# A settlement's forced charge on one tenant's bucket, without and
 		# with an id (a new one per call: __rand_int__ over 10^9).
@@ -78,7 +92,7 @@ row() {
 	fi
 }
 
-rows=(floor)
+rows=(floor floor/fcall many/one-call)
 for a in token_bucket gcra sliding_window fixed_window sliding_log concurrency 3-policies; do
 	rows+=("$a/evalsha" "$a/fcall")
 done
@@ -94,7 +108,9 @@ measure() {
 	cli config resetstat >/dev/null
 	# shellcheck disable=SC2086
 	redis-benchmark -p "$redis_port" -n "$CALLS" -P 16 -c 4 -r "$keyspace" -q $args >/dev/null
-	cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' -v c="cmdstat_$cmd:" 'index($0, c) == 1 { split($2, a, ","); print a[1] }'
+	local per=1
+	case $1 in many/*) per=16 ;; esac
+	cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' -v c="cmdstat_$cmd:" -v per="$per" 'index($0, c) == 1 { split($2, a, ","); print a[1] / per }'
 }
 
 # Warm up: every key exists, the library's algorithms are built.
@@ -142,12 +158,19 @@ def cell(name):
     us = sorted(x[0] for x in xs)
     return f"{med(us):.1f} ({us[0]:.1f}–{us[-1]:.1f})", f"{med([x[1] for x in xs]):.2f}"
 us, _ = cell("floor")
-print(f"| floor script (`TIME` + `GET` + `SET PX`) | {us} | 1.00 | — | — |")
+fus, fr = cell("floor/fcall")
+print(f"| floor script (`TIME` + `GET` + `SET PX`) | {us} | 1.00 | {fus} | {fr} |")
 names = {"3-policies": "3 policies of one tenant, one call", "sliding_log": "sliding_log (100 per minute)"}
 for a in ["token_bucket", "gcra", "sliding_window", "fixed_window", "sliding_log", "concurrency", "3-policies"]:
     e, er = cell(a + "/evalsha")
     f, fr = cell(a + "/fcall")
     print(f"| {names.get(a, a)} | {e} | {er} | {f} | {fr} |")
+print()
+print("| 16 independent token_bucket decisions, `FCALL` | µs per decision | ratio to the floor |")
+print("|---|---|---|")
+for name, label in [("token_bucket/fcall", "one call each, pipelined (what the store sends)"), ("many/one-call", "in one call (`decide_many`, measured only)")]:
+    us, r = cell(name)
+    print(f"| {label} | {us} | {r} |")
 print()
 print("| a settlement's forced charge (one token bucket) | `EVALSHA`: µs | ratio to the floor |")
 print("|---|---|---|")
