@@ -98,6 +98,13 @@ func (s *Stack) Cancel(ctx context.Context, d *limiter.Decision) error {
 	return d.Cancel(ctx, fb)
 }
 
+// GiveBack gives back the units d charged for the verdicts marked in
+// back, exactly once (see limiter.Decision.GiveBack).
+func (s *Stack) GiveBack(ctx context.Context, d *limiter.Decision, back []bool) error {
+	fb := limiter.Fallback{Store: s.fallback, Scale: s.b.fallbackScale(), Recorder: s.b.rec}
+	return d.GiveBack(ctx, fb, back)
+}
+
 // Store is the store requests are decided by (with the leases in front).
 func (s *Stack) Store() limiter.Store { return s.store }
 

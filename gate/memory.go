@@ -57,6 +57,11 @@ func (m *Memory) Cancel(ctx context.Context, d *limiter.Decision) error {
 	return d.Cancel(ctx, limiter.Fallback{})
 }
 
+// GiveBack implements Store.
+func (m *Memory) GiveBack(ctx context.Context, d *limiter.Decision, back []bool) error {
+	return d.GiveBack(ctx, limiter.Fallback{}, back)
+}
+
 // Peek implements Store.
 func (m *Memory) Peek(ctx context.Context, checks []limiter.Check, results []limiter.Result) error {
 	return m.store.Peek(ctx, checks, results)

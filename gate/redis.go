@@ -81,6 +81,11 @@ func (r *Redis) Cancel(ctx context.Context, d *limiter.Decision) error {
 	return r.stack.Cancel(ctx, d)
 }
 
+// GiveBack implements Store.
+func (r *Redis) GiveBack(ctx context.Context, d *limiter.Decision, back []bool) error {
+	return r.stack.GiveBack(ctx, d, back)
+}
+
 // Peek implements Store: Redis's view, without this instance's leases.
 func (r *Redis) Peek(ctx context.Context, checks []limiter.Check, results []limiter.Result) error {
 	return r.stack.Store().Peek(ctx, checks, results)

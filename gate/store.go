@@ -22,6 +22,10 @@ type Store interface {
 	// Cancel gives back what d holds for a request that will not pass
 	// (see limiter.Decision.Cancel).
 	Cancel(ctx context.Context, d *limiter.Decision) error
+	// GiveBack gives back the units d charged for the verdicts marked in
+	// back, for a request whose outcome does not count (see
+	// limiter.Decision.GiveBack).
+	GiveBack(ctx context.Context, d *limiter.Decision, back []bool) error
 	// Peek reads buckets without charging them (limiter.Store.Peek).
 	Peek(ctx context.Context, checks []limiter.Check, results []limiter.Result) error
 	// Reset clears the buckets of tenant (of policy only, when set),

@@ -8,7 +8,8 @@ var _ Charger = (*MemoryStore)(nil)
 // each check moves its units, in order, whatever the others do (two
 // checks of one bucket are chained); min_interval (except for the
 // bucket's expiry), delays and shadow flags are ignored and concurrency
-// checks are never charged. charged[i] receives the units moved, or
+// checks are never charged. A negative cost with ChargedAt gives units
+// back to window and log buckets too (see refundAt). charged[i] receives the units moved, or
 // ChargeRefused for an invalid check, which is skipped. id is ignored: a
 // call in process never loses its answer, so it is never retried.
 func (m *MemoryStore) Charge(_ context.Context, _ string, checks []Check, charged []int64) error {
@@ -46,9 +47,22 @@ func (m *MemoryStore) Charge(_ context.Context, _ string, checks []Check, charge
 		switch {
 		case c.Cost < 0:
 			// A bucket that is not there has nothing to give back.
-			if givesBack(c.Algorithm) && sc.ent[f] != nil {
+			e := sc.ent[f]
+			switch {
+			case e == nil:
+			case givesBack(c.Algorithm):
 				units = c.Cost
 				next := refundUnits(c.Algorithm, base, r, -c.Cost)
+				sc.charge[i], sc.next[i], sc.cur[f] = true, next, next
+			case c.ChargedAt <= 0 || c.Algorithm == Concurrency:
+			case c.Algorithm == SlidingLog:
+				// Its units are in its log, changed here (charge adds
+				// nothing for a negative cost).
+				units = -e.log.remove(c.ChargedAt, -c.Cost)
+				sc.charge[i], sc.next[i] = true, base
+			default:
+				units = c.Cost
+				next := refundAt(c.Algorithm, base, r, -c.Cost, c.ChargedAt)
 				sc.charge[i], sc.next[i], sc.cur[f] = true, next, next
 			}
 		case c.Algorithm != Concurrency:

@@ -82,6 +82,8 @@ func ceilMicro(d time.Duration) time.Duration {
 // sameResult compares got with want: exactly, or with durations rounded up
 // to the microsecond on Redis.
 func sameResult(onRedis bool, got, want Result) bool {
+	// The store's instant of an admission: TestGiveBackAt checks it.
+	got.At, want.At = 0, 0
 	if !onRedis {
 		return got == want
 	}

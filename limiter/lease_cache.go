@@ -622,6 +622,7 @@ func (e *leaseEntry) fill(results []Result, now int64, from Origin) {
 		r := Result{Allowed: b.Allowed, Remaining: b.Remaining, From: from}
 		r.Reset = max(b.Reset-elapsed, 0)
 		if from == OriginLease {
+			r.At = e.at * int64(time.Microsecond)
 			r.Remaining += e.units * e.checks[i].Cost
 		} else if !b.Allowed {
 			r.RetryAfter = max(b.RetryAfter-elapsed, 1)

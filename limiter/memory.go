@@ -237,6 +237,9 @@ func (m *MemoryStore) Decide(_ context.Context, checks []Check, results []Result
 	}
 	if admitted {
 		m.charge(sc, checks, now)
+		for i := range checks {
+			results[i].At = now
+		}
 	} else {
 		m.uncharged(sc, checks, results, now)
 	}

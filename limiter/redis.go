@@ -248,7 +248,7 @@ func init() {
 // lua/common.lua) and checkNums how many of them are numbers.
 const (
 	checkArgs = 7
-	checkNums = 5
+	checkNums = 6
 )
 
 // redisScratch is the per-call working memory of a RedisStore, pooled.
@@ -521,6 +521,11 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 		units = sc.units
 	}
 	admitted, at, err := parseReply(reply, idx, results, units)
+	if err == nil && admitted && script == scriptDecide {
+		for _, i := range idx {
+			results[i].At = at * int64(time.Microsecond)
+		}
+	}
 	if turns && err == nil {
 		takeWaits(idx, results)
 	}
@@ -560,7 +565,15 @@ func (sc *redisScratch) appendCheckArgs(checks []Check, idx []int) []string {
 		}
 		// *int64 arguments are written by go-redis without boxing the
 		// numbers.
-		sc.args = append(sc.args, argAlgo[c.Algorithm], &v[0], &v[1], &v[2], &v[3], &v[4], argShadow[shadow])
+		sc.args = append(sc.args, argAlgo[c.Algorithm], &v[0], &v[1], &v[2], &v[3], &v[4])
+		if c.Cost < 0 && c.ChargedAt > 0 {
+			// A give-back (force mode) carries the instant its units were
+			// charged at where the shadow flag would be (decide.lua).
+			v[5] = max(c.ChargedAt/int64(time.Microsecond), 2)
+			sc.args = append(sc.args, &v[5])
+		} else {
+			sc.args = append(sc.args, argShadow[shadow])
+		}
 	}
 	return keys
 }

@@ -250,7 +250,7 @@ func TestSlidingLogRandom(t *testing.T) {
 						t.Fatalf("step %d (at %s) %s: admitted %v, want %v\nchecks %+v\ngot  %+v\nwant %+v", step, at, targets[i].name, ok, wantOK, checks, res, want)
 					}
 					for j := range checks {
-						if res[j] != want[j] {
+						if !sameResult(false, res[j], want[j]) {
 							t.Fatalf("step %d (at %s) %s peek=%v check %d of %+v:\ngot  %+v\nwant %+v", step, at, targets[i].name, peek, j, checks, res[j], want[j])
 						}
 					}
@@ -531,9 +531,9 @@ func TestRedisSlidingLogUpgrade(t *testing.T) {
 	}
 }
 
-// refundAt runs the refund script on checks charged at the µs instant at,
+// runRefund runs the refund script on checks charged at the µs instant at,
 // as RedisStore does after a cross-slot denial.
-func refundAt(t *testing.T, s *RedisStore, at int64, checks ...Check) []Result {
+func runRefund(t *testing.T, s *RedisStore, at int64, checks ...Check) []Result {
 	t.Helper()
 	sc := new(redisScratch)
 	s.prepare(sc, checks)
@@ -565,19 +565,19 @@ func TestRedisSlidingLogRefund(t *testing.T) {
 	}
 	same(0, t0, 2, t0+sec, 5, t0+2*sec, 6, t0+3*sec, 10)
 	clk.Set(baseTime.Add(4 * time.Second))
-	if res := refundAt(t, s, t0+sec, withCost(c, 2)); res[0] != wantAllow(92, time.Hour-4*time.Second) {
+	if res := runRefund(t, s, t0+sec, withCost(c, 2)); res[0] != wantAllow(92, time.Hour-4*time.Second) {
 		t.Fatalf("refund reply %+v", res[0])
 	}
 	same(0, t0, 2, t0+sec, 3, t0+2*sec, 4, t0+3*sec, 8)
 	// More than the entry holds: the entry goes.
-	refundAt(t, s, t0+sec, withCost(c, 5))
+	runRefund(t, s, t0+sec, withCost(c, 5))
 	same(0, t0, 2, t0+2*sec, 3, t0+3*sec, 7)
 	// No entry at that instant: nothing changes.
-	refundAt(t, s, t0+5*sec, withCost(c, 5))
-	refundAt(t, s, t0+sec, withCost(c, 5))
+	runRefund(t, s, t0+5*sec, withCost(c, 5))
+	runRefund(t, s, t0+sec, withCost(c, 5))
 	same(0, t0, 2, t0+2*sec, 3, t0+3*sec, 7)
 	// Two checks of the key in one refund, the newest entry first.
-	refundAt(t, s, t0+3*sec, withCost(c, 1), withCost(c, 3))
+	runRefund(t, s, t0+3*sec, withCost(c, 1), withCost(c, 3))
 	same(0, t0, 2, t0+2*sec, 3)
 	if got := mustPeek(t, s, c)[0]; got != wantAllow(97, time.Hour-4*time.Second) {
 		t.Fatalf("after the refunds: %+v", got)
@@ -588,8 +588,8 @@ func TestRedisSlidingLogRefund(t *testing.T) {
 	if ok, res := mustDecide(t, s, withCost(mi, 1)); ok || res[0].RetryAfter != time.Second {
 		t.Fatalf("min_interval after a refund: %v %+v", ok, res)
 	}
-	refundAt(t, s, t0, withCost(c, 2))
-	refundAt(t, s, t0+2*sec, withCost(c, 1))
+	runRefund(t, s, t0, withCost(c, 2))
+	runRefund(t, s, t0+2*sec, withCost(c, 1))
 	if n := client.Exists(bgCtx, key).Val(); n != 0 {
 		t.Fatalf("emptied log still stored: %v", redisLog(t, client, key))
 	}
@@ -600,7 +600,7 @@ func TestRedisSlidingLogRefund(t *testing.T) {
 	if got := mustPeek(t, s, c)[0]; got != wantAllow(96, time.Hour-4*time.Second) {
 		t.Fatalf("wrapped log: %+v", got)
 	}
-	refundAt(t, s, t0, withCost(c, 2))
+	runRefund(t, s, t0, withCost(c, 2))
 	same(1<<53-3, t0+sec, 1<<53-1)
 	if got := mustPeek(t, s, c)[0]; got != wantAllow(98, time.Hour-3*time.Second) {
 		t.Fatalf("wrapped log after a refund: %+v", got)

@@ -54,6 +54,12 @@ type Check struct {
 	// Lease lets a LeaseStore serve this check from locally leased units.
 	// Other stores ignore it.
 	Lease Lease
+	// ChargedAt, for a negative Cost given back by a Charger, is the
+	// instant (Unix ns, Result.At of the decision) the units were charged
+	// at: window and log algorithms then give them back to the window or
+	// log entry that holds them. 0 gives back token bucket and GCRA units
+	// only (theirs mean the same whenever they were charged).
+	ChargedAt int64
 }
 
 // Result is a store's answer for one Check.
@@ -77,6 +83,11 @@ type Result struct {
 	// From says who answered: the store itself, a local lease or the local
 	// denial cache (see LeaseStore).
 	From Origin
+	// At is the instant (Unix ns, the store's clock) an admitted check's
+	// units were charged at: the decision's for a store, the lease's for
+	// units served from a lease. Giving them back (Check.ChargedAt) needs
+	// it for window and log algorithms.
+	At int64
 }
 
 // Origin says who answered a check.

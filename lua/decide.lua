@@ -32,7 +32,12 @@
 -- so a caller that wants debt sends a rate with room for it;
 -- min_interval is ignored and concurrency buckets are never charged. A
 -- negative cost gives -cost units back to a token bucket or GCRA bucket
--- that exists (never beyond full; other algorithms are left alone). The
+-- that exists (never beyond full). For a negative cost the shadow argument
+-- may instead hold the instant (µs, > 1) the units were charged at: a
+-- window or log bucket that exists then gives them back to the window or
+-- log entry that holds them (alg.refund; nothing when that window is
+-- gone). Other give-backs leave the bucket alone (concurrency ones
+-- always). The
 -- reply's admitted is 1, and each check's retry_after_us field holds the
 -- units moved (negative for a give-back; allowed is 1 when any moved);
 -- remaining and reset describe the bucket afterwards.
@@ -86,9 +91,13 @@ for i = 1, n do
     local name = ARGV[3 + CHECK_ARGS * (i - 1)]
     local units = 0
     if cost < 0 then
+      local at = tonumber(ARGV[3 + CHECK_ARGS * (i - 1) + 6]) or 0
       if b.exists and (name == 'token_bucket' or name == 'gcra') then
         units = cost
         nxt = alg.refund(b.cur, fr, -cost, now)
+      elseif b.exists and at > 1 and name ~= 'concurrency' then
+        units = cost
+        nxt = alg.refund(b.cur, fr, -cost, at)
       end
     elseif name ~= 'concurrency' then
       local _, avail = alg.eval(b.cur, now, fr, 0)

@@ -1,0 +1,123 @@
+package limiter
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// TestGiveBackAt: Decision.GiveBack gives a request's units back on both
+// stores and for every algorithm but concurrency, at the instant they were
+// charged (Result.At): in the same window they all go back; once the
+// window rolled, a sliding window takes them off its previous window, a
+// fixed window and a log have nothing left to give back (those units no
+// longer count), and a token bucket or GCRA bucket is refilled, never
+// beyond full.
+func TestGiveBackAt(t *testing.T) {
+	for _, target := range conformanceTargets(t) {
+		for _, tc := range []struct {
+			algo            Algorithm
+			rolled, rolled0 int64 // remaining after the roll, with and without the give-back
+		}{
+			{TokenBucket, 100, 98},
+			{GCRA, 100, 98},
+			{SlidingWindow, 98, 93},
+			{FixedWindow, 98, 98},
+			{SlidingLog, 98, 98},
+		} {
+			t.Run(target.name+"/"+tc.algo.String(), func(t *testing.T) {
+				s, clk := target.new(t)
+				p := meteredPolicy("p", tc.algo)
+				c := Check{Algorithm: tc.algo, Tenant: "t", Policy: "p", Rate: p.Limit.Rate}
+				remaining := func() int64 { t.Helper(); return mustPeek(t, s, c)[0].Remaining }
+				decide := func(cost int64) *Decision {
+					t.Helper()
+					d := new(Decision)
+					if err := d.Decide(bgCtx, s, []Item{{Policy: p, Tenant: "t", Cost: cost}}); err != nil || !d.Admitted {
+						t.Fatalf("cost %d: admitted %v, %v", cost, d.Admitted, err)
+					}
+					if at := d.results[0].At; at != clk.Now().UnixNano() {
+						t.Fatalf("charged at %d, want the store's now %d", at, clk.Now().UnixNano())
+					}
+					return d
+				}
+				all := []bool{true}
+
+				// Same window: every unit goes back.
+				d1, d2 := decide(3), decide(4)
+				if err := d1.GiveBack(bgCtx, Fallback{}, all); err != nil {
+					t.Fatal(err)
+				}
+				if got := remaining(); got != 96 {
+					t.Fatalf("after giving 3 of 7 back: remaining %d, want 96", got)
+				}
+				if err := d2.GiveBack(bgCtx, Fallback{}, []bool{false}); err != nil {
+					t.Fatal(err)
+				}
+				if got := remaining(); got != 96 {
+					t.Fatalf("a verdict not selected was given back: remaining %d, want 96", got)
+				}
+
+				// A minute later (the next window): 5 charged before, 2 now.
+				clk.Advance(time.Hour)
+				d5 := decide(5)
+				clk.Advance(time.Minute)
+				decide(2)
+				if got := remaining(); got != tc.rolled0 {
+					t.Fatalf("before the give-back: remaining %d, want %d", got, tc.rolled0)
+				}
+				if err := d5.GiveBack(bgCtx, Fallback{}, all); err != nil {
+					t.Fatal(err)
+				}
+				if got := remaining(); got != tc.rolled {
+					t.Fatalf("after giving back 5 units of the last window: remaining %d, want %d", got, tc.rolled)
+				}
+			})
+		}
+	}
+}
+
+// TestGiveBackLeased: a request served from a lease gives its unit back
+// to the shared bucket, at the lease's instant, so a window bucket gets
+// it back too.
+func TestGiveBackLeased(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, algo := range []Algorithm{TokenBucket, SlidingWindow} {
+		t.Run(algo.String(), func(t *testing.T) {
+			rs := NewRedisStore(RedisOptions{Client: srv.Client(t), Prefix: "gb" + algo.String(), Timeout: testTimeout})
+			clk := newManualClock(baseTime)
+			rs.now = func() int64 { return clk.Now().UnixMicro() }
+			ls := NewLeaseStore(LeaseOptions{Store: rs, Taker: rs, Clock: clk, SweepInterval: -1})
+			t.Cleanup(func() { ls.Close() })
+			p := meteredPolicy("p", algo)
+			p.Lease = Lease{Max: 10, TTL: time.Hour}
+			items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
+			// Demand grows the leases (1, 2, 4...): keep two requests served
+			// from one.
+			var ds []*Decision
+			for i := 0; len(ds) < 2; i++ {
+				if i == 20 {
+					t.Fatal("no request was served from a lease")
+				}
+				d := new(Decision)
+				if err := d.Decide(bgCtx, ls, items); err != nil || !d.Admitted {
+					t.Fatal(d.Admitted, err)
+				}
+				if d.Verdicts[0].Result.From == OriginLease {
+					ds = append(ds, d)
+				}
+			}
+			c := Check{Algorithm: algo, Tenant: "t", Policy: "p", Rate: p.Limit.Rate}
+			before := mustPeek(t, rs, c)[0].Remaining
+			for _, d := range ds {
+				if err := d.GiveBack(bgCtx, Fallback{}, []bool{true}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if after := mustPeek(t, rs, c)[0].Remaining; after != before+2 {
+				t.Fatalf("Redis holds %d after two leased requests gave their units back, want %d", after, before+2)
+			}
+		})
+	}
+}
