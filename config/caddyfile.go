@@ -254,6 +254,14 @@ var policyBlock = block[*policyState]{
 		ps.pc.CostMissing = Cost(s)
 		return err
 	}},
+	{name: "count_status", usage: "count_status <code|class>...", field: "count_status", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.CountStatus, err = p.statuses()
+		return err
+	}},
+	{name: "refund_status", usage: "refund_status <code|class>...", field: "refund_status", parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.RefundStatus, err = p.statuses()
+		return err
+	}},
 	{name: "min_interval", usage: "min_interval <duration>", field: "min_interval", parse: func(p cfParser, ps *policyState) (err error) {
 		ps.pc.MinInterval, err = p.durationArg()
 		return err

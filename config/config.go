@@ -108,6 +108,22 @@ type PolicyConfig struct {
 	// policy's units (see PriceConfig).
 	Prices []PriceConfig `json:"prices,omitempty"`
 
+	// Keep a request's units only when its response status is one of
+	// these codes (401) or classes (4xx); any other response gives them
+	// back, at the instant they were charged (every algorithm, both
+	// stores, leases included). Admission checks the bucket as usual, so a
+	// tenant already over the limit is refused before the work. E.g.
+	// `401` on a login route keyed by client IP counts failed logins only.
+	// A response the chain fails with an error counts its error's status.
+	// Excludes refund_status; not for concurrency.
+	CountStatus []string `json:"count_status,omitempty"`
+
+	// Give a request's units back when its response status is one of
+	// these codes or classes, e.g. `5xx`: what the upstream failed does
+	// not cost the tenant. With cost_after, nothing is settled either.
+	// Excludes count_status; not for concurrency.
+	RefundStatus []string `json:"refund_status,omitempty"`
+
 	// For sliding_log: the smallest gap between two admitted requests.
 	MinInterval caddy.Duration `json:"min_interval,omitempty"`
 

@@ -225,6 +225,9 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 	if _, err := compileCostBefore(path, pc.CostBeforeConfig, m); err != nil {
 		return nil, err
 	}
+	if _, err := pc.compileOutcome(path, alg); err != nil {
+		return nil, err
+	}
 	if pc.CostAfter != nil && h.Distributed != nil && h.Redis == nil {
 		return nil, at(sub(path, "cost_after"), "not with distributed, whose counts are approximate; use a redis block")
 	}

@@ -417,7 +417,7 @@ func parseCostValue(v string) (int64, string) {
 // http.ErrAbortHandler; that request is charged what was seen too). The
 // request goes on with a context its client's departure does not cancel:
 // the response is drained for its cost, within bounds (drain.go).
-func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) error {
+func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) (err error) {
 	mw := &st.writer
 	mw.reset(w, st.meters)
 	mw.bodiless = r.Method == http.MethodHead
@@ -428,7 +428,11 @@ func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddy
 		mw.finishStripping()
 		dr.end()
 		mw.clientLeft = dr == nil && r.Context().Err() != nil
-		h.settle(r, st, mw)
+		back := st.outcomes && st.markBack(statusOf(mw.status, err))
+		h.settle(r, st, mw, back)
+		if back {
+			h.giveBack(r, st)
+		}
 		mw.release()
 	}()
 	if dr != nil {
@@ -437,14 +441,15 @@ func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddy
 	return next.ServeHTTP(mw, r)
 }
 
-// settle charges the real costs the response reported. The request's
-// context may be cancelled (client gone): the store calls have their own
-// deadlines.
-func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter) {
+// settle charges the real costs the response reported, but for the
+// verdicts that give their units back (back: st.back is set, see
+// markBack). The request's context may be cancelled (client gone): the
+// store calls have their own deadlines.
+func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter, back bool) {
 	mw.finishBody()
 	real := st.real[:0]
 	for i, m := range st.meters {
-		if m == nil {
+		if m == nil || (back && st.back[i]) {
 			real = append(real, limiter.NotMetered)
 			continue
 		}

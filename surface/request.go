@@ -48,6 +48,9 @@ type policyRuntime struct {
 	// the request body; nil without cost_before.
 	meter      *config.Meter
 	costBefore *config.CostBefore
+	// outcome says which response statuses keep the request's units
+	// (count_status, refund_status); nil keeps them whatever the status.
+	outcome *config.Outcome
 }
 
 // requestState is the per-request scratch space, pooled so a decision
@@ -87,6 +90,12 @@ type requestState struct {
 	// noBody: a preset's request had no body (GET /v1/models): it asks
 	// for no tokens, and its answer reports none.
 	noBody bool
+	// outcomes: a policy keeps or gives back units by response status
+	// (count_status, refund_status); status records that status, back
+	// which verdicts give their units back (see giveBack).
+	outcomes bool
+	status   statusWriter
+	back     []bool
 }
 
 var requestStates = sync.Pool{New: func() any { return new(requestState) }}
@@ -99,7 +108,7 @@ func getRequestState() *requestState {
 	s.shadow = s.shadow[:0]
 	s.near = s.near[:0]
 	s.meters = s.meters[:0]
-	s.metered = false
+	s.metered, s.outcomes = false, false
 	s.wait = 0
 	s.model, s.bodyLen, s.strip, s.readBody, s.body, s.noBody = "", -1, false, false, nil, false
 	return s

@@ -38,6 +38,9 @@ func (h *Server) provisionPolicies(ctx caddy.Context) error {
 		if rt.costBefore, err = pc.CostBefore(name, rt.meter); err != nil {
 			return err
 		}
+		if rt.outcome, err = pc.Outcome(name, gp.Engine.Algorithm); err != nil {
+			return err
+		}
 		if n, ok := pc.Cost.Constant(); ok {
 			rt.cost = n
 		} else {
@@ -105,6 +108,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		st.gates = append(st.gates, p.Policy)
 		st.meters = append(st.meters, p.meter)
 		st.metered = st.metered || p.meter != nil
+		st.outcomes = st.outcomes || p.outcome != nil
 		st.readBody = st.readBody || p.costBefore != nil || (p.meter != nil && p.meter.Preset != 0)
 	}
 	if len(st.items) == 0 {
@@ -152,6 +156,9 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}
 	if st.metered {
 		return h.serveMetered(w, r, next, st)
+	}
+	if st.outcomes {
+		return h.serveOutcome(w, r, next, st)
 	}
 	return next.ServeHTTP(w, r)
 }
