@@ -174,6 +174,13 @@ func init() {
 // parseCaddyfile builds a Handler from a `rate_limit` directive. Caddy has
 // already taken the optional request matcher off the line.
 func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	helper.Reset()
+	if helper.Next() {
+		if msg := config.OrderWarning(helper.Token(), helper.Option("order")); msg != "" {
+			caddy.Log().Warn(msg)
+		}
+	}
+	helper.Reset()
 	h := new(Handler)
 	if err := h.UnmarshalCaddyfile(helper.Dispenser); err != nil {
 		return nil, err
