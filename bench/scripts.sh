@@ -75,6 +75,10 @@ row() {
 		force) echo "evalsha $sha 1 rl:token_bucket:{tenant-42}:tokens force 0 $tb" ;;
 		once) echo "evalsha $sha 2 rl:token_bucket:{tenant-42}:tokens rl:once:{tenant-42}:id-__rand_int__ force_once 0 $tb" ;;
 		once-fcall) echo "fcall ${lib}_decide 2 rl:token_bucket:{tenant-42}:tokens rl:once:{tenant-42}:id-__rand_int__ force_once 0 $tb" ;;
+		# A give-back (count_status, refund_status): one unit back to a
+		# sliding window at the instant it was charged (the shadow
+		# argument's place holds that instant), with an id.
+		giveback-fcall) echo "fcall ${lib}_decide 2 rl:sliding_window:{tenant-42}:gb rl:once:{tenant-42}:id-__rand_int__ force_once 0 sliding_window 1099511627776 3600000000 0 0 -1 $charged_at" ;;
 		esac
 		return ;;
 	3-policies/*)
@@ -96,7 +100,11 @@ rows=(floor floor/fcall many/one-call)
 for a in token_bucket gcra sliding_window fixed_window sliding_log concurrency 3-policies; do
 	rows+=("$a/evalsha" "$a/fcall")
 done
-rows+=(charge/force charge/once charge/once-fcall)
+rows+=(charge/force charge/once charge/once-fcall charge/giveback-fcall)
+# The give-back row's bucket: charged a million units at charged_at, so
+# every give-back finds units to give back.
+charged_at=$(($(date +%s) * 1000000))
+cli fcall "${lib}_decide" 1 "rl:sliding_window:{tenant-42}:gb" decide "$charged_at" sliding_window 1099511627776 3600000000 0 0 1000000 0 >/dev/null
 
 # measure NAME -> usec_per_call of the row's command.
 measure() {
@@ -174,7 +182,7 @@ for name, label in [("token_bucket/fcall", "one call each, pipelined (what the s
 print()
 print("| a settlement's forced charge (one token bucket) | `EVALSHA`: µs | ratio to the floor |")
 print("|---|---|---|")
-for name, label in [("charge/force", "without an id"), ("charge/once", "with an id (`force_once`)"), ("charge/once-fcall", "with an id, `FCALL`")]:
+for name, label in [("charge/force", "without an id"), ("charge/once", "with an id (`force_once`)"), ("charge/once-fcall", "with an id, `FCALL`"), ("charge/giveback-fcall", "a give-back to a sliding window at its instant, with an id, `FCALL`")]:
     us, r = cell(name)
     print(f"| {label} | {us} | {r} |")
 if mem:
