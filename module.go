@@ -175,10 +175,12 @@ func init() {
 // already taken the optional request matcher off the line.
 func parseCaddyfile(helper httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	helper.Reset()
-	if helper.Next() {
-		if msg := config.OrderWarning(helper.Token(), helper.Option("order")); msg != "" {
-			caddy.Log().Warn(msg)
-		}
+	var seg []caddyfile.Token
+	for helper.Next() {
+		seg = append(seg, helper.Token())
+	}
+	if msg := config.OrderWarning(seg, helper.Option("order")); msg != "" {
+		caddy.Log().Warn(msg)
 	}
 	helper.Reset()
 	h := new(Handler)

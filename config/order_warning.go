@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
@@ -24,10 +25,16 @@ var authDirectives = []string{"basic_auth", "basicauth", "forward_auth"}
 // Tollgate runs after. order is the global order option as the adapter
 // holds it (nil when the Caddyfile sets none).
 //
-// The adapter hands a directive its own tokens only, so the block is read
-// again from at's file; a Caddyfile that is not a file on disk (adapted
-// from memory) gets no warning.
-func OrderWarning(at caddyfile.Token, order any) string {
+// The adapter hands a directive its own tokens only (seg, the first being
+// rate_limit), so the block is read again from their file; a Caddyfile
+// that is not a file on disk (adapted from memory) gets no warning, nor
+// does one whose file on disk does not hold these very tokens at that
+// line (a file of the same name that is not the one adapted).
+func OrderWarning(seg []caddyfile.Token, order any) string {
+	if len(seg) == 0 {
+		return ""
+	}
+	at := seg[0]
 	src, err := os.ReadFile(at.File)
 	if err != nil {
 		return ""
@@ -44,7 +51,7 @@ func OrderWarning(at caddyfile.Token, order any) string {
 		if !found {
 			continue
 		}
-		if auth == "" || !caddyRatelimitStyle(rl) {
+		if auth == "" || !sameTexts(rl, seg) || !caddyRatelimitStyle(rl) {
 			return ""
 		}
 		if list, ok := order.([]string); ok {
@@ -129,6 +136,15 @@ func innerSegments(seg caddyfile.Segment) []caddyfile.Segment {
 		out = append(out, d.NextSegment())
 	}
 	return out
+}
+
+// sameTexts reports whether two token lists are the same tokens: the
+// same lines, the same words (placeholders aside: the adapter has
+// expanded shorthands such as {client_ip} in the tokens it hands out).
+func sameTexts(a, b []caddyfile.Token) bool {
+	return slices.EqualFunc(a, b, func(x, y caddyfile.Token) bool {
+		return x.Line == y.Line && (x.Text == y.Text || (strings.Contains(x.Text, "{") && strings.Contains(y.Text, "{")))
+	})
 }
 
 // same reports whether a and b are the same token of the same file.

@@ -78,9 +78,9 @@ func TestGiveBackAt(t *testing.T) {
 	}
 }
 
-// TestGiveBackLeased: a request served from a lease gives its unit back
-// to the shared bucket, at the lease's instant, so a window bucket gets
-// it back too.
+// TestGiveBackLeased: a request served from a lease, and the one whose
+// refill took the lease, give their units back to the shared bucket at
+// the lease's instant, so a window bucket gets them back too.
 func TestGiveBackLeased(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	for _, algo := range []Algorithm{TokenBucket, SlidingWindow} {
@@ -93,10 +93,15 @@ func TestGiveBackLeased(t *testing.T) {
 			p := meteredPolicy("p", algo)
 			p.Lease = Lease{Max: 10, TTL: time.Hour}
 			items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
-			// Demand grows the leases (1, 2, 4...): keep two requests served
-			// from one.
-			var ds []*Decision
-			for i := 0; len(ds) < 2; i++ {
+			// The first request takes a lease (a refill); demand grows the
+			// next ones (1, 2, 4...): keep it and two requests served from
+			// a lease.
+			first := new(Decision)
+			if err := first.Decide(bgCtx, ls, items); err != nil || !first.Admitted || first.Verdicts[0].Result.From != OriginStore {
+				t.Fatal(first.Admitted, err)
+			}
+			ds := []*Decision{first}
+			for i := 0; len(ds) < 3; i++ {
 				if i == 20 {
 					t.Fatal("no request was served from a lease")
 				}
@@ -115,8 +120,8 @@ func TestGiveBackLeased(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if after := mustPeek(t, rs, c)[0].Remaining; after != before+2 {
-				t.Fatalf("Redis holds %d after two leased requests gave their units back, want %d", after, before+2)
+			if after := mustPeek(t, rs, c)[0].Remaining; after != before+3 {
+				t.Fatalf("Redis holds %d after three leased requests gave their units back, want %d", after, before+3)
 			}
 		})
 	}

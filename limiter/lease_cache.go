@@ -610,6 +610,8 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 	for i := range results[:len(checks)] {
 		results[i].Remaining += e.units * checks[i].Cost
 		results[i].From = OriginStore
+		// Charged with the lease, at its instant (a give-back needs it).
+		results[i].At = g.At * int64(time.Microsecond)
 	}
 	return true, false, nil
 }

@@ -110,7 +110,7 @@ type meteredWriter struct {
 func (w *meteredWriter) reset(rw http.ResponseWriter, meters []*config.Meter) {
 	w.ResponseWriter = rw
 	w.meters = meters
-	w.wroteHeader, w.scan, w.skip, w.bodiless = false, false, "", false
+	w.wroteHeader, w.scan, w.skip, w.bodiless, w.status = false, false, "", false, 0
 	w.side, w.sideErr, w.drain, w.clientLeft = nil, nil, nil, false
 	w.model, w.stripReq, w.stripping = "", false, false
 	w.text.Reset()
@@ -161,6 +161,9 @@ func (w *meteredWriter) WriteHeader(status int) {
 	case w.wroteHeader:
 	case status == http.StatusSwitchingProtocols:
 		w.bodiless = true
+		if w.status == 0 {
+			w.status = status // an upgrade, for outcomes
+		}
 	case status >= 200:
 		w.wroteHeader, w.status = true, status
 		w.bodiless = w.bodiless || status == http.StatusNoContent || status == http.StatusNotModified
@@ -323,6 +326,9 @@ func (w *meteredWriter) ReadFrom(r io.Reader) (int64, error) {
 // Hijack takes over the connection (protocol upgrades).
 func (w *meteredWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	w.bodiless = true
+	if w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
 	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 

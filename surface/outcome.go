@@ -60,15 +60,24 @@ func (st *requestState) markBack(status int) bool {
 
 // serveOutcome passes the request on and gives its units back when its
 // outcome says so.
-func (h *Server) serveOutcome(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) error {
+func (h *Server) serveOutcome(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) (err error) {
 	sw := &st.status
 	sw.ResponseWriter, sw.status = w, 0
-	err := next.ServeHTTP(sw, r)
-	sw.ResponseWriter = nil
-	if st.markBack(statusOf(sw.status, err)) {
-		h.giveBack(r, st)
-	}
-	return err
+	defer func() {
+		// Deferred: a handler that panics (reverse_proxy aborting a
+		// response) answered too, with the status it wrote or a 500.
+		if p := recover(); p != nil {
+			if err == nil {
+				err = caddyhttp.Error(http.StatusInternalServerError, nil)
+			}
+			defer panic(p)
+		}
+		sw.ResponseWriter = nil
+		if st.markBack(statusOf(sw.status, err)) {
+			h.giveBack(r, st)
+		}
+	}()
+	return next.ServeHTTP(sw, r)
 }
 
 // statusWriter records the status of a response, for outcomes.
@@ -109,10 +118,15 @@ func (w *statusWriter) ReadFrom(r io.Reader) (int64, error) {
 
 // Flush sends what is buffered to the client (streaming responses).
 func (w *statusWriter) Flush() {
+	_ = w.FlushError()
+}
+
+// FlushError is Flush for http.ResponseController.
+func (w *statusWriter) FlushError() error {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // Hijack takes over the connection (protocol upgrades: 101).
