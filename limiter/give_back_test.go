@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
 
@@ -122,6 +124,67 @@ func TestGiveBackLeased(t *testing.T) {
 			}
 			if after := mustPeek(t, rs, c)[0].Remaining; after != before+3 {
 				t.Fatalf("Redis holds %d after three leased requests gave their units back, want %d", after, before+3)
+			}
+		})
+	}
+}
+
+// TestGiveBackRedisPaused: a give-back whose Redis is paused (SIGSTOP)
+// times out, is kept with its id by the Recorder, and lands once when
+// Redis is back: every unit of the window buckets comes back, and a second
+// flush of the same call (a retry whose reply was lost) gives back
+// nothing more.
+func TestGiveBackRedisPaused(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	opts := srv.ClientOptions()
+	opts.ContextTimeoutEnabled = true // as the module's clients: the store's timeout bounds a call
+	client := redis.NewClient(opts)
+	t.Cleanup(func() { client.Close() })
+	rs := NewRedisStore(RedisOptions{Client: client, Timeout: 300 * time.Millisecond})
+	rec := NewRecorder(RecorderOptions{})
+	fbStore, _ := newTestStore(t, MemoryOptions{})
+	fb := Fallback{Store: fbStore, Scale: 1, Recorder: rec}
+	for _, algo := range []Algorithm{SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(algo.String(), func(t *testing.T) {
+			p := meteredPolicy("paused"+algo.String(), algo)
+			c := Check{Algorithm: algo, Tenant: "t", Policy: p.Name, Rate: p.Limit.Rate}
+			var ds []*Decision
+			for _, cost := range []int64{3, 4} {
+				d := new(Decision)
+				if err := d.Decide(bgCtx, rs, []Item{{Policy: p, Tenant: "t", Cost: cost}}); err != nil || !d.Admitted {
+					t.Fatal(d.Admitted, err)
+				}
+				ds = append(ds, d)
+			}
+			srv.Pause()
+			err := ds[0].GiveBack(bgCtx, fb, []bool{true})
+			srv.Resume()
+			if err == nil {
+				t.Fatal("a give-back to a paused Redis succeeded")
+			}
+			if rec.Pending() != 1 {
+				t.Fatalf("Recorder keeps %d calls, want the give-back", rec.Pending())
+			}
+			// What the paused call may have done reaches Redis once it runs.
+			time.Sleep(100 * time.Millisecond)
+			var calls int
+			once := chargeFunc(func(id string, checks []Check, charged []int64) error {
+				calls++
+				// The retry, then the same call again (as if its reply
+				// were lost): applied once.
+				if err := rs.Charge(bgCtx, id, checks, charged); err != nil {
+					return err
+				}
+				return rs.Charge(bgCtx, id, checks, charged)
+			})
+			if _, err := rec.Flush(bgCtx, once); err != nil {
+				t.Fatal(err)
+			}
+			if calls != 1 || rec.Pending() != 0 {
+				t.Fatalf("flush made %d calls, %d left", calls, rec.Pending())
+			}
+			if got := mustPeek(t, rs, c)[0].Remaining; got != 96 {
+				t.Fatalf("Redis holds %d units after the give-back of 3 of 7, want 96 (given back once)", got)
 			}
 		})
 	}
