@@ -5,6 +5,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
@@ -35,14 +37,7 @@ func OrderWarning(seg []caddyfile.Token, order any) string {
 		return ""
 	}
 	at := seg[0]
-	src, err := os.ReadFile(at.File)
-	if err != nil {
-		return ""
-	}
-	blocks, err := caddyfile.Parse(at.File, src)
-	if err != nil {
-		return ""
-	}
+	blocks := parsedFile(at.File)
 	if ordersRateLimit(blocks) {
 		return "" // its place was chosen, in either plugin
 	}
@@ -63,6 +58,41 @@ func OrderWarning(seg []caddyfile.Token, order any) string {
 			at.File, at.Line, auth, auth)
 	}
 	return ""
+}
+
+// lastParsed keeps the last file parsed by parsedFile: the adapter calls
+// OrderWarning once per rate_limit directive, mostly of one file, which
+// must not be parsed again for each (a config with many sites).
+var lastParsed struct {
+	sync.Mutex
+	file   string
+	size   int64
+	mod    time.Time
+	blocks []caddyfile.ServerBlock
+}
+
+// parsedFile returns the server blocks of a Caddyfile on disk, nil when
+// it cannot be read or parsed.
+func parsedFile(file string) []caddyfile.ServerBlock {
+	fi, err := os.Stat(file)
+	if err != nil {
+		return nil
+	}
+	lastParsed.Lock()
+	defer lastParsed.Unlock()
+	if lastParsed.file == file && lastParsed.size == fi.Size() && lastParsed.mod.Equal(fi.ModTime()) {
+		return lastParsed.blocks
+	}
+	src, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	blocks, err := caddyfile.Parse(file, src)
+	if err != nil {
+		return nil
+	}
+	lastParsed.file, lastParsed.size, lastParsed.mod, lastParsed.blocks = file, fi.Size(), fi.ModTime(), blocks
+	return blocks
 }
 
 // ordersRateLimit reports whether the global options (a first block
