@@ -73,10 +73,6 @@ func refundUnits(a Algorithm, s bucketState, r Rate, cost int64) bucketState {
 // belong to the instant they were charged at.
 func givesBack(a Algorithm) bool { return a == TokenBucket || a == GCRA }
 
-// refundable reports whether a request's charge of c is given back when
-// it does not pass after all.
-func refundable(c *Check) bool { return c.Cost > 0 && givesBack(c.Algorithm) }
-
 // Wait is how long an admitted request waits for its turn before it
 // passes: the longest Wait of its enforced verdicts. 0 when it passes at
 // once or was not admitted. Shadow verdicts never make a request wait.
@@ -110,37 +106,8 @@ func (d *Decision) Cancel(ctx context.Context, fb Fallback) error {
 	if !d.Admitted || d.decidedBy == nil {
 		return nil
 	}
-	var back []Check
-	var rates []Rate
-	for j, i := range d.counted {
-		// Charged: every non-shadow check, and shadow ones that allowed.
-		if c := d.checks[j]; refundable(&c) && d.results[j].Allowed {
-			c.Cost, c.Shadow, c.Rate.Delay = -c.Cost, false, 0
-			back = append(back, c)
-			rates = append(rates, d.Verdicts[i].Limit.Rate)
-		}
-	}
-	var err error
-	if ch, ok := d.decidedBy.(Charger); ok && len(back) > 0 {
-		local := fb.Store != nil && d.decidedBy == fb.Store
-		id := ""
-		if !local {
-			id = NewChargeID()
-		}
-		err = ch.Charge(ctx, id, back, make([]int64, len(back)))
-		switch {
-		case fb.Recorder == nil:
-		case local:
-			// Take back what DecideOrFallback recorded.
-			for k := range back {
-				fb.Recorder.Record(&back[k], rates[k], back[k].Cost)
-			}
-		case err != nil && !errors.Is(err, ErrInvalidCheck):
-			for k := range back {
-				back[k].Rate = rates[k]
-			}
-			fb.Recorder.Retry(id, back)
-		}
-	}
+	// Charged: every non-shadow check, and shadow ones that allowed; only
+	// token bucket and GCRA units go back (see above).
+	err := d.giveBack(ctx, fb, func(j, _ int) bool { return givesBack(d.checks[j].Algorithm) })
 	return errors.Join(err, d.Release(ctx))
 }

@@ -92,11 +92,24 @@ func (d *Decision) GiveBack(ctx context.Context, fb Fallback, back []bool) error
 	if len(d.checks) != len(d.counted) {
 		return errGiveBackAfterRelease
 	}
+	return d.giveBack(ctx, fb, func(j, i int) bool {
+		return i < len(back) && back[i] && d.checks[j].Algorithm != Concurrency
+	})
+}
+
+// giveBack gives back what d charged for the counted checks pick selects
+// (pick gets a check's index j in d.checks and its verdict's i): checks
+// that allowed with a positive cost, at the instant they were charged, in
+// one Charge with an id. It is the one give-back of GiveBack and Cancel:
+// a request decided by the fallback gives back there and takes the units
+// off what fb.Recorder holds for the primary store; a call that failed is
+// kept by fb.Recorder with its id, to land once.
+func (d *Decision) giveBack(ctx context.Context, fb Fallback, pick func(j, i int) bool) error {
 	var checks []Check
 	var rates []Rate
 	for j, i := range d.counted {
 		c := d.checks[j]
-		if i >= len(back) || !back[i] || c.Cost <= 0 || c.Algorithm == Concurrency || !d.results[j].Allowed {
+		if c.Cost <= 0 || !d.results[j].Allowed || !pick(j, i) {
 			continue
 		}
 		c.Cost, c.Shadow, c.Rate.Delay = -c.Cost, false, 0
