@@ -529,11 +529,11 @@ func TestPeerMetrics(t *testing.T) {
 		labels map[string]string
 		value  float64
 	}{
-		{"caddy_rate_limit_declined_requests_total", map[string]string{"zone": "test_zone", "policy": "test_zone"}, 1},
+		{"caddy_rate_limit_declined_requests_total", map[string]string{"zone": "test_zone"}, 1},
 		{"caddy_rate_limit_process_time_seconds", map[string]string{"zone": "test_zone"}, 3},
 		{"caddy_rate_limit_keys_total", map[string]string{"zone": "test_zone"}, 1},
-		{"caddy_rate_limit_requests_total", map[string]string{"policy": "test_zone", "zone": "test_zone", "decision": "allowed"}, 2},
-		{"caddy_rate_limit_requests_total", map[string]string{"policy": "test_zone", "zone": "test_zone", "decision": "denied"}, 1},
+		{"caddy_rate_limit_requests_total", map[string]string{"policy": "test_zone", "decision": "allowed"}, 2},
+		{"caddy_rate_limit_requests_total", map[string]string{"policy": "test_zone", "decision": "denied"}, 1},
 	}
 	for _, w := range want {
 		if v, ok := metricValue(fams, w.name, w.labels); !ok || v != w.value {
@@ -574,7 +574,7 @@ func TestPeerMetricsReRegisterOnReload(t *testing.T) {
 	}
 	p.expect(p.request(http.MethodGet, "/"), 429, -1, "after the reload")
 	fams := p.metrics()
-	if v, _ := metricValue(fams, "caddy_rate_limit_declined_requests_total", map[string]string{"zone": "zoneA", "policy": "zoneA"}); v != 2 {
+	if v, _ := metricValue(fams, "caddy_rate_limit_declined_requests_total", map[string]string{"zone": "zoneA"}); v != 2 {
 		t.Errorf("declined after reload = %v, want 2 (kept across the reload)", v)
 	}
 	if n := len(fams["caddy_rate_limit_declined_requests_total"].GetMetric()); n != 1 {

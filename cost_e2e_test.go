@@ -57,13 +57,13 @@ func TestHostileCostNeverBypasses(t *testing.T) {
 	m := scrapeMetrics(t, s.base+"/metrics")
 	for _, series := range [][]string{
 		{"caddy_rate_limit_redis_calls_total", "script", "decide", "result", "error"},
-		{"caddy_rate_limit_requests_total", "policy", "hostile_cost", "zone", "hostile_cost", "decision", "failed_open"},
+		{"caddy_rate_limit_requests_total", "policy", "hostile_cost", "decision", "failed_open"},
 	} {
 		if got := m.delta(before, series[0], series[1:]...); got != 0 {
 			t.Errorf("%v: %v, want 0 (a bad input is not a store failure)", series, got)
 		}
 	}
-	if got := m.delta(before, "caddy_rate_limit_requests_total", "policy", "hostile_cost", "zone", "hostile_cost", "decision", "denied"); got != float64(3*len(hostileCosts)+2) {
+	if got := m.delta(before, "caddy_rate_limit_requests_total", "policy", "hostile_cost", "decision", "denied"); got != float64(3*len(hostileCosts)+2) {
 		t.Errorf("denied: %v, want %d", got, 3*len(hostileCosts)+2)
 	}
 	if got := m.value("caddy_rate_limit_breaker_open"); got != 0 {

@@ -379,10 +379,10 @@ func TestDelayObservability(t *testing.T) {
 		labels []string
 		v      float64
 	}{
-		{[]string{"policy", "obs_enforced", "zone", "obs_enforced", "decision", "allowed"}, 1},
-		{[]string{"policy", "obs_enforced", "zone", "obs_enforced", "decision", "delayed"}, 2},
-		{[]string{"policy", "obs_shadow", "zone", "obs_shadow", "decision", "allowed"}, 3},
-		{[]string{"policy", "obs_shadow", "zone", "obs_shadow", "decision", "delayed"}, 0},
+		{[]string{"policy", "obs_enforced", "decision", "allowed"}, 1},
+		{[]string{"policy", "obs_enforced", "decision", "delayed"}, 2},
+		{[]string{"policy", "obs_shadow", "decision", "allowed"}, 3},
+		{[]string{"policy", "obs_shadow", "decision", "delayed"}, 0},
 	} {
 		if got := m.delta(before, req, w.labels...); got != w.v {
 			t.Errorf("%s%v = %v, want %v", req, w.labels, got, w.v)

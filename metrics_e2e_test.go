@@ -30,7 +30,7 @@ import (
 // contract.
 func TestMetricCatalogIsTheDesign(t *testing.T) {
 	want := map[string]metrics.Family{
-		"caddy_rate_limit_requests_total":            {Kind: "counter", Labels: []string{"policy", "zone", "decision"}},
+		"caddy_rate_limit_requests_total":            {Kind: "counter", Labels: []string{"policy", "decision"}},
 		"caddy_rate_limit_decision_duration_seconds": {Kind: "histogram", Labels: []string{"policy", "source"}},
 		"caddy_rate_limit_redis_calls_total":         {Kind: "counter", Labels: []string{"script", "result"}},
 		"caddy_rate_limit_redis_duration_seconds":    {Kind: "histogram", Labels: []string{"script"}},
@@ -47,7 +47,7 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_redis_queue_seconds":       {Kind: "histogram", Labels: nil},
 		"caddy_rate_limit_redis_queue_shed_total":    {Kind: "counter", Labels: nil},
 		// caddy-ratelimit's families, without its unbounded key label.
-		"caddy_rate_limit_declined_requests_total": {Kind: "counter", Labels: []string{"zone", "policy"}},
+		"caddy_rate_limit_declined_requests_total": {Kind: "counter", Labels: []string{"zone"}},
 		"caddy_rate_limit_process_time_seconds":    {Kind: "histogram", Labels: []string{"zone"}},
 		"caddy_rate_limit_keys_total":              {Kind: "gauge", Labels: []string{"zone"}},
 		"caddy_rate_limit_config":                  {Kind: "counter", Labels: []string{"zone", "max_events", "window", "ipv4_prefix", "ipv6_prefix"}},
@@ -279,13 +279,13 @@ func TestMetricsEndToEnd(t *testing.T) {
 			labels []string
 			v      float64
 		}{
-			{req, []string{"policy", "mt_enforced", "zone", "mt_enforced", "decision", "allowed"}, enforcedAllowed},
-			{req, []string{"policy", "mt_enforced", "zone", "mt_enforced", "decision", "denied"}, enforcedDenied},
-			{req, []string{"policy", "mt_enforced", "zone", "mt_enforced", "decision", "shadow_denied"}, 0},
-			{req, []string{"policy", "mt_shadow", "zone", "mt_shadow", "decision", "allowed"}, 1},
-			{req, []string{"policy", "mt_shadow", "zone", "mt_shadow", "decision", "shadow_denied"}, 2},
-			{req, []string{"policy", "mt_shadow", "zone", "mt_shadow", "decision", "denied"}, 0},
-			{req, []string{"policy", "mt_free", "zone", "mt_free", "decision", "allowed"}, 0},
+			{req, []string{"policy", "mt_enforced", "decision", "allowed"}, enforcedAllowed},
+			{req, []string{"policy", "mt_enforced", "decision", "denied"}, enforcedDenied},
+			{req, []string{"policy", "mt_enforced", "decision", "shadow_denied"}, 0},
+			{req, []string{"policy", "mt_shadow", "decision", "allowed"}, 1},
+			{req, []string{"policy", "mt_shadow", "decision", "shadow_denied"}, 2},
+			{req, []string{"policy", "mt_shadow", "decision", "denied"}, 0},
+			{req, []string{"policy", "mt_free", "decision", "allowed"}, 0},
 			{dur, []string{"policy", "mt_enforced", "source", "memory"}, enforcedAllowed + enforcedDenied},
 			{dur, []string{"policy", "mt_shadow", "source", "memory"}, 3},
 			{"caddy_rate_limit_breaker_open", nil, 0},
@@ -354,8 +354,8 @@ func TestMetricsOnAdminEndpoint(t *testing.T) {
 	for i := range 3 {
 		m := scrapeMetrics(t, url)
 		m.checkFamiliesOnce()
-		if a, d := m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_admin", "zone", "mt_admin", "decision", "allowed"),
-			m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_admin", "zone", "mt_admin", "decision", "denied"); a != 1 || d != 2 {
+		if a, d := m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_admin", "decision", "allowed"),
+			m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_admin", "decision", "denied"); a != 1 || d != 2 {
 			t.Errorf("scrape %d: allowed %v denied %v, want 1 and 2", i, a, d)
 		}
 		s.load("", site, withAdmin)
@@ -421,7 +421,7 @@ func TestMetricsTenants(t *testing.T) {
 				t.Errorf("%s %s = %v, want %v", w.tenant, w.decision, got, w.v)
 			}
 		}
-		if got := m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_tenants", "zone", "mt_tenants", "decision", "allowed"); got != 12 {
+		if got := m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_tenants", "decision", "allowed"); got != 12 {
 			t.Errorf("requests allowed %v, want 12", got)
 		}
 	}
@@ -497,9 +497,9 @@ func TestMetricsRedis(t *testing.T) {
 		labels []string
 		v      float64
 	}{
-		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "zone", "mt_redis", "decision", "allowed"}, 3},
-		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "zone", "mt_redis", "decision", "denied"}, 4},
-		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "zone", "mt_redis", "decision", "failed_closed"}, 0},
+		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "decision", "allowed"}, 3},
+		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "decision", "denied"}, 4},
+		{"caddy_rate_limit_requests_total", []string{"policy", "mt_redis", "decision", "failed_closed"}, 0},
 		{"caddy_rate_limit_decision_duration_seconds", []string{"policy", "mt_redis", "source", "redis"}, 7},
 	} {
 		if got := m.delta(before, w.name, w.labels...); got != w.v {
@@ -529,10 +529,10 @@ func TestMetricsRedis(t *testing.T) {
 		t.Fatalf("redis down, /local: %v (mt_redis still fails closed)", c)
 	}
 	m3 := scrapeMetrics(t, s.base+"/metrics")
-	if got := m3.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_redis", "zone", "mt_redis", "decision", "failed_closed"); got != 4 {
+	if got := m3.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_redis", "decision", "failed_closed"); got != 4 {
 		t.Errorf("failed_closed = %v, want 4", got)
 	}
-	if got := m3.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_redis_local", "zone", "mt_redis_local", "decision", "fallback_allowed"); got != 2 {
+	if got := m3.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_redis_local", "decision", "fallback_allowed"); got != 2 {
 		t.Errorf("fallback_allowed = %v, want 2", got)
 	}
 	if got := m3.delta(before, "caddy_rate_limit_decision_duration_seconds", "policy", "mt_redis_local", "source", "fallback"); got != 2 {

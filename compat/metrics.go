@@ -17,11 +17,9 @@ import (
 // config, by zone. Its `key` label is left out (a label per key is an
 // unbounded number of series; PromQL treats its zone-level series, whose
 // key is "", as ones without the label, which these are). Its
-// requests_total is not here: that name is Tollgate's own family, whose
-// zone label repeats the policy's name, so `sum by (zone)` over it counts
-// what caddy-ratelimit's counted; declined_requests_total has a policy
-// label for the same reason the other way round. Both families have the
-// same labels for zone and policy configs.
+// requests_total is not here: that name is Tollgate's own family (labels
+// policy and decision); docs/observability.md rebuilds caddy-ratelimit's
+// series from it with recording rules.
 
 // processTimeBuckets are caddy-ratelimit's process_time_seconds buckets.
 var processTimeBuckets = []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1}
@@ -33,8 +31,8 @@ var compatCollectors = struct {
 	config      *prometheus.CounterVec
 }{
 	declined: metrics.NewCounterVec("declined_requests_total",
-		"Requests answered 429, by the zone (policy) that denied them (caddy-ratelimit's family, without its key label; policy repeats the zone's name).",
-		"zone", "policy"),
+		"Requests answered 429, by the zone (policy) that denied them (caddy-ratelimit's family, without its key label).",
+		"zone"),
 	processTime: metrics.NewHistogramVec("process_time_seconds",
 		"Time taken to decide a request, by the zone (policy) the response describes (caddy-ratelimit's family, without its key label).",
 		processTimeBuckets, "zone"),
@@ -64,7 +62,7 @@ func NewMetrics(cfg *config.Handler, policies []*gate.Policy) *Metrics {
 	for i, p := range policies {
 		pc := cfg.RateLimits[p.Name]
 		m.policies[i] = compatChildren{
-			declined:    compatCollectors.declined.WithLabelValues(p.Label, p.Label),
+			declined:    compatCollectors.declined.WithLabelValues(p.Label),
 			processTime: compatCollectors.processTime.WithLabelValues(p.Label),
 		}
 		compatCollectors.config.WithLabelValues(p.Label,

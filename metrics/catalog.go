@@ -123,8 +123,8 @@ var collectors = struct {
 	redisQueueShed prometheus.Counter
 }{
 	requests: NewCounterVec("requests_total",
-		"Rate-limit decisions, one per request and counted policy, by the policy's decision; zone repeats the policy's name, for caddy-ratelimit's dashboards.",
-		"policy", "zone", "decision"),
+		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
+		"policy", "decision"),
 	duration: newHistogramVec("decision_duration_seconds",
 		"Time taken to decide a request, by policy and by where the decision was taken.",
 		"policy", "source"),

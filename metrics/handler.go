@@ -146,10 +146,10 @@ func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis b
 	pm.index, pm.label = index, name
 	pm.near = collectors.nearLimit.WithLabelValues(name)
 	for _, d := range []decisionLabel{decisionAllowed, decisionDenied, decisionShadowDenied} {
-		pm.requests[d] = collectors.requests.WithLabelValues(name, name, decisionNames[d])
+		pm.requests[d] = collectors.requests.WithLabelValues(name, decisionNames[d])
 	}
 	if delays(p) {
-		pm.requests[decisionDelayed] = collectors.requests.WithLabelValues(name, name, decisionNames[decisionDelayed])
+		pm.requests[decisionDelayed] = collectors.requests.WithLabelValues(name, decisionNames[decisionDelayed])
 		pm.delay = collectors.delay.WithLabelValues(name)
 	}
 	if !redis {
@@ -163,12 +163,12 @@ func (pm *policyMetrics) init(index int, name string, p *limiter.Policy, redis b
 	}
 	switch p.FailMode {
 	case limiter.FailOpen:
-		pm.requests[decisionFailedOpen] = collectors.requests.WithLabelValues(name, name, decisionNames[decisionFailedOpen])
+		pm.requests[decisionFailedOpen] = collectors.requests.WithLabelValues(name, decisionNames[decisionFailedOpen])
 	case limiter.FailClosed:
-		pm.requests[decisionFailedClosed] = collectors.requests.WithLabelValues(name, name, decisionNames[decisionFailedClosed])
+		pm.requests[decisionFailedClosed] = collectors.requests.WithLabelValues(name, decisionNames[decisionFailedClosed])
 	default:
-		pm.requests[decisionFallbackAllowed] = collectors.requests.WithLabelValues(name, name, decisionNames[decisionFallbackAllowed])
-		pm.requests[decisionFallbackDenied] = collectors.requests.WithLabelValues(name, name, decisionNames[decisionFallbackDenied])
+		pm.requests[decisionFallbackAllowed] = collectors.requests.WithLabelValues(name, decisionNames[decisionFallbackAllowed])
+		pm.requests[decisionFallbackDenied] = collectors.requests.WithLabelValues(name, decisionNames[decisionFallbackDenied])
 		pm.duration[sourceFallback] = collectors.duration.WithLabelValues(name, sourceNames[sourceFallback])
 	}
 }
@@ -177,7 +177,7 @@ func (pm *policyMetrics) record(policy string, d decisionLabel, s sourceLabel, s
 	if c := pm.requests[d]; c != nil {
 		c.Inc()
 	} else {
-		collectors.requests.WithLabelValues(policy, policy, decisionNames[d]).Inc()
+		collectors.requests.WithLabelValues(policy, decisionNames[d]).Inc()
 	}
 	if o := pm.duration[s]; o != nil {
 		o.Observe(secs)
