@@ -73,7 +73,7 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 			t.Errorf("no collector exports %s", name)
 		}
 	}
-	wantDecisions := []string{"allowed", "denied", "shadow_denied", "failed_open", "failed_closed", "fallback_allowed", "fallback_denied", "delayed"}
+	wantDecisions := []string{"allowed", "denied", "shadow_denied", "failed_open", "failed_closed", "fallback_allowed", "fallback_denied", "delayed", "penalty"}
 	if !slices.Equal(metrics.DecisionNames(), wantDecisions) {
 		t.Errorf("decisions %v, want %v", metrics.DecisionNames(), wantDecisions)
 	}

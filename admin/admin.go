@@ -45,6 +45,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit/overrides", Handler: locked(a.overrides)},
 		{Pattern: "/rate_limit/denials", Handler: locked(a.denials)},
 		{Pattern: "/rate_limit/near_limit", Handler: locked(a.nearLimit)},
+		{Pattern: "/rate_limit/penalties", Handler: locked(a.penalties)},
 		{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.notFound)},
 	}
 }

@@ -71,6 +71,9 @@ import (
 //			cost <n|placeholder>
 //			cost_after header <Name> | cost_after json <path>[+<path>...]
 //			min_interval <duration>
+//			count_status <code|class>...   # keep the units only for these statuses
+//			refund_status <code|class>...  # give the units back for these statuses
+//			penalty <duration> [after <n>] # n denials in a window: refused for <duration>
 //			tier <tier> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | tier <tier> unlimited
 //			tenant_limit <tenant> <limit> [<window> | calendar <period> [<zone>]] [burst <n>] [delay <max_wait>] [shadow] | tenant_limit <tenant> unlimited
 //			                       # older spelling: override
@@ -260,6 +263,10 @@ var policyBlock = block[*policyState]{
 	}},
 	{name: "refund_status", usage: "refund_status <code|class>...", field: "refund_status", parse: func(p cfParser, ps *policyState) (err error) {
 		ps.pc.RefundStatus, err = p.statuses()
+		return err
+	}},
+	{name: "penalty", usage: penaltyForm, parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Penalty, err = p.penalty()
 		return err
 	}},
 	{name: "min_interval", usage: "min_interval <duration>", field: "min_interval", parse: func(p cfParser, ps *policyState) (err error) {

@@ -124,6 +124,10 @@ type PolicyConfig struct {
 	// Excludes count_status; not for concurrency.
 	RefundStatus []string `json:"refund_status,omitempty"`
 
+	// Refuse a tenant (bucket) this policy keeps denying for a while: see
+	// PenaltyConfig. Not for concurrency.
+	Penalty *PenaltyConfig `json:"penalty,omitempty"`
+
 	// For sliding_log: the smallest gap between two admitted requests.
 	MinInterval caddy.Duration `json:"min_interval,omitempty"`
 

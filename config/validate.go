@@ -228,6 +228,9 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 	if _, err := pc.compileOutcome(path, alg); err != nil {
 		return nil, err
 	}
+	if err := checkPenalty(sub(path, "penalty"), pc.Penalty, alg); err != nil {
+		return nil, err
+	}
 	if pc.CostAfter != nil && h.Distributed != nil && h.Redis == nil {
 		return nil, at(sub(path, "cost_after"), "not with distributed, whose counts are approximate; use a redis block")
 	}
@@ -494,6 +497,7 @@ func buildPolicy(name string, pc *PolicyConfig, alg limiter.Algorithm, tenantLim
 		mode = h.FailMode
 	}
 	p.FailMode, _ = limiter.ParseFailMode(mode) // validated
+	p.Penalty = pc.Penalty.penalty()
 	return p
 }
 

@@ -84,6 +84,7 @@ type Backend struct {
 	denials *DenialStream
 	near    *NearLimitBoard
 	nearPub *nearPublisher
+	pen     *PenaltySync
 	users   users
 	logger  *zap.Logger
 
@@ -174,13 +175,23 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 	})
 	b.near = NewNearLimitBoard()
 	b.nearPub = newNearPublisher(b.near, c, opts.Prefix, b.reg.ID(), b.store, b.logger)
-	b.ovr = newOverrideSync(overrideSyncOptions{
+	b.pen = newPenaltySync(penaltySyncOptions{
 		client:  c,
 		prefix:  opts.Prefix,
 		timeout: timeout,
+		breaker: b.store,
 		logger:  b.logger,
-		id:      b.reg.ID(),
-		onReset: b.forget,
+		observe: b.observeRedis,
+	})
+	b.ovr = newOverrideSync(overrideSyncOptions{
+		client:       c,
+		prefix:       opts.Prefix,
+		timeout:      timeout,
+		logger:       b.logger,
+		id:           b.reg.ID(),
+		onReset:      b.forget,
+		onNotice:     b.pen.handle,
+		onSubscribed: b.pen.reload,
 	})
 	go b.flushLoop()
 	return b, nil
@@ -202,6 +213,7 @@ func (b *Backend) Release() error {
 	b.denials.close()
 	b.nearPub.close()
 	b.ovr.close()
+	b.pen.close()
 	return errors.Join(b.reg.Close(), releaseClient(b.opts.Connection.key(), b.client))
 }
 
@@ -228,6 +240,15 @@ func (b *Backend) Overrides() *OverrideSync { return b.ovr }
 
 // Denials is the denial stream of the prefix.
 func (b *Backend) Denials() *DenialStream { return b.denials }
+
+// Penalties is the penalty boxes of the prefix.
+func (b *Backend) Penalties() *PenaltySync { return b.pen }
+
+// LiftPenalties lifts the boxes of tenant (of policy only, when set) for
+// the whole fleet, and appends the lift to the audit stream.
+func (b *Backend) LiftPenalties(ctx context.Context, tenant, policy, remote string) ([]limiter.PenaltyEntry, error) {
+	return b.pen.Lift(ctx, tenant, policy, remote, b.ovr.audit)
+}
 
 // FallbackShare is the share of each limit one instance grants alone while
 // Redis fails (fail_mode local): 70% of it, split over the live instances.

@@ -81,6 +81,9 @@ type Denial struct {
 	// Limit is the limit in force; RetryAfter the Retry-After sent, in
 	// seconds.
 	Limit, RetryAfter int64
+	// Penalty is set when the bucket was refused by its policy's penalty
+	// box (written as reason=penalty).
+	Penalty bool
 }
 
 // DenialStream is the buffer and writer of one backend's stream.
@@ -300,6 +303,9 @@ func (s *DenialStream) write(ctx context.Context, batch []Denial) error {
 			"limit", strconv.FormatInt(e.Limit, 10),
 			"retry_after", strconv.FormatInt(e.RetryAfter, 10),
 			"instance", s.instance)
+		if e.Penalty {
+			values = append(values, "reason", "penalty")
+		}
 		pipe.XAdd(ctx, &redis.XAddArgs{
 			Stream: s.key,
 			MaxLen: maxlen,

@@ -304,6 +304,11 @@ type OverrideSync struct {
 	// that other instances published (see publishReset).
 	id      string
 	onReset func(tenant, policy string)
+	// onNotice hears every other message first, and reports whether it
+	// was its own (the penalty box's); onSubscribed runs at each
+	// (re)subscription.
+	onNotice     func(payload string) bool
+	onSubscribed func(ctx context.Context)
 
 	// State of the run goroutine: the version the table was loaded at
 	// (loaded is false before the first load and after a load whose
@@ -332,12 +337,16 @@ type overrideSyncOptions struct {
 	// other instances published (see publishReset).
 	id      string
 	onReset func(tenant, policy string)
+	// onNotice and onSubscribed: see OverrideSync.
+	onNotice     func(payload string) bool
+	onSubscribed func(ctx context.Context)
 }
 
 func newOverrideSync(o overrideSyncOptions) *OverrideSync {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &OverrideSync{client: o.client, prefix: o.prefix, timeout: o.timeout, table: NewOverrideTable(), logger: o.logger,
-		cancel: cancel, done: make(chan struct{}), id: o.id, onReset: o.onReset}
+		cancel: cancel, done: make(chan struct{}), id: o.id, onReset: o.onReset,
+		onNotice: o.onNotice, onSubscribed: o.onSubscribed}
 	go r.run(ctx)
 	return r
 }
@@ -382,7 +391,7 @@ func (r *OverrideSync) run(ctx context.Context) {
 				continue
 			}
 			// Take every message already queued, then reload once.
-			reload := r.handle(m)
+			reload := r.handle(ctx, m)
 			for more := true; more; {
 				select {
 				case m, ok := <-msgs:
@@ -390,7 +399,7 @@ func (r *OverrideSync) run(ctx context.Context) {
 						msgs, more = nil, false
 						continue
 					}
-					reload = r.handle(m) || reload
+					reload = r.handle(ctx, m) || reload
 				default:
 					more = false
 				}
@@ -407,11 +416,20 @@ func (r *OverrideSync) run(ctx context.Context) {
 // handle acts on one pub/sub event and reports whether the table must be
 // reloaded: after an override change, and after a (re)subscription, as
 // the changes published while the connection was down are lost.
-func (r *OverrideSync) handle(m any) bool {
+func (r *OverrideSync) handle(ctx context.Context, m any) bool {
 	switch m := m.(type) {
 	case *redis.Subscription:
-		return m.Kind == "subscribe"
+		if m.Kind != "subscribe" {
+			return false
+		}
+		if r.onSubscribed != nil {
+			r.onSubscribed(ctx)
+		}
+		return true
 	case *redis.Message:
+		if r.onNotice != nil && r.onNotice(m.Payload) {
+			return false
+		}
 		if id, tenant, policy, ok := parseResetNotice(m.Payload); ok {
 			if id != r.id && r.onReset != nil {
 				r.onReset(tenant, policy)

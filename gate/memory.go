@@ -86,6 +86,20 @@ func (m *Memory) NearLimitRecent(_ context.Context, policy string, n int) ([]fle
 // Denials implements Store: none without Redis.
 func (m *Memory) Denials() *fleet.DenialStream { return nil }
 
+// Penalties implements Store: the process's table, which counts denials
+// itself.
+func (m *Memory) Penalties() limiter.Penalties { return memoryPenalties }
+
+// PenaltyList implements Store.
+func (m *Memory) PenaltyList(_ context.Context, tenant, policy string, n int) ([]limiter.PenaltyEntry, error) {
+	return memoryPenalties.List(tenant, policy, time.Now().UnixNano(), n), nil
+}
+
+// PenaltyLift implements Store.
+func (m *Memory) PenaltyLift(_ context.Context, tenant, policy, _ string) ([]limiter.PenaltyEntry, error) {
+	return memoryPenalties.Lift(tenant, policy, time.Now().UnixNano()), nil
+}
+
 // Status implements Store.
 func (m *Memory) Status() Status { return Status{Kind: "memory", Instances: 1} }
 

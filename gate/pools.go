@@ -68,3 +68,7 @@ var memoryOverrides = fleet.NewOverrideTable()
 // store: process-wide, so it survives config reloads (as the embedded
 // store does).
 var memoryNearLimit = fleet.NewNearLimitBoard()
+
+// memoryPenalties holds the penalty boxes of handlers on the embedded
+// store: process-wide, so boxes survive config reloads; lost on restart.
+var memoryPenalties = &limiter.LocalPenalties{PenaltyTable: limiter.NewPenaltyTable(0)}

@@ -111,6 +111,19 @@ func (r *Redis) NearLimitRecent(ctx context.Context, policy string, n int) ([]fl
 // Denials implements Store.
 func (r *Redis) Denials() *fleet.DenialStream { return r.denials }
 
+// Penalties implements Store: the backend's, shared by the fleet.
+func (r *Redis) Penalties() limiter.Penalties { return r.backend.Penalties() }
+
+// PenaltyList implements Store: fleet-wide.
+func (r *Redis) PenaltyList(ctx context.Context, tenant, policy string, n int) ([]limiter.PenaltyEntry, error) {
+	return r.backend.Penalties().List(ctx, tenant, policy, n)
+}
+
+// PenaltyLift implements Store: for the whole fleet.
+func (r *Redis) PenaltyLift(ctx context.Context, tenant, policy, remote string) ([]limiter.PenaltyEntry, error) {
+	return r.backend.LiftPenalties(ctx, tenant, policy, remote)
+}
+
 // Status implements Store.
 func (r *Redis) Status() Status {
 	return Status{

@@ -44,6 +44,18 @@ type Store interface {
 	// Denials is the denial stream the handler writes, nil for none (it
 	// needs Redis and denials_stream).
 	Denials() *fleet.DenialStream
+	// Penalties holds the penalty boxes decisions look up (in-process)
+	// and report denials to: with Redis, shared by the fleet.
+	Penalties() limiter.Penalties
+	// PenaltyList lists the live boxes of tenant and policy (each "" for
+	// any), the ones that end first first, at most n: with Redis,
+	// fleet-wide (an error then says Redis could not be read; this
+	// instance's boxes are there).
+	PenaltyList(ctx context.Context, tenant, policy string, n int) ([]limiter.PenaltyEntry, error)
+	// PenaltyLift lifts the boxes of tenant (of policy only, when set),
+	// with Redis for the whole fleet, and returns them. remote names who
+	// asked (the audit stream).
+	PenaltyLift(ctx context.Context, tenant, policy, remote string) ([]limiter.PenaltyEntry, error)
 	// Status describes the store for the admin API.
 	Status() Status
 	// Scope is what handlers sharing the store share: resets and

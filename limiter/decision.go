@@ -28,12 +28,13 @@ type Verdict struct {
 	Path Path
 }
 
-// Counted reports whether the item was decided by the store; unlimited
-// items are not.
-func (v *Verdict) Counted() bool { return !v.Limit.Unlimited }
+// Counted reports whether the item was decided (by the store, a fail mode
+// or a penalty box); unlimited items are not, nor items skipped because
+// another item's penalty box refused the request.
+func (v *Verdict) Counted() bool { return !v.Limit.Unlimited && v.Path != PathSkipped }
 
 // Enforced reports whether the verdict can block the request.
-func (v *Verdict) Enforced() bool { return !v.Limit.Unlimited && !v.Limit.Shadow }
+func (v *Verdict) Enforced() bool { return v.Counted() && !v.Limit.Shadow }
 
 // ShadowDenied reports whether a shadow verdict would have denied.
 func (v *Verdict) ShadowDenied() bool {
@@ -55,6 +56,11 @@ type Decision struct {
 	// waits for a turn (a charge made for a request that is denied
 	// anyway). Reset keeps it.
 	NoDelay bool
+	// Penalties, when set, holds the penalty boxes of the policies that
+	// have one (Policy.Penalty): a boxed item is refused without asking
+	// the store, and the store's denials of such policies are reported to
+	// it. Reset keeps it.
+	Penalties Penalties
 
 	checks    []Check
 	results   []Result
@@ -80,8 +86,15 @@ func (d *Decision) Reset() {
 // Decide resolves each item's limit and asks store for one all-or-nothing
 // decision over the items that are not unlimited. On error d.Verdicts holds
 // the resolved limits but no results.
+//
+// An item whose bucket is in its policy's penalty box (d.Penalties) is
+// refused without asking the store (PathPenalty); when it is enforced,
+// the store is not asked at all and the other items are skipped
+// (PathSkipped). The store's denials of a policy with a penalty are
+// reported to d.Penalties.
 func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error {
 	d.Reset()
+	boxed := false
 	for i := range items {
 		it := &items[i]
 		limit, source := d.resolve(it)
@@ -89,6 +102,15 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 		if limit.Unlimited {
 			d.Verdicts[i].Result = Result{Allowed: true, Remaining: -1}
 			continue
+		}
+		if d.Penalties != nil && it.Policy.Penalty.On() {
+			if left, ok := d.Penalties.Boxed(NewPenaltyKey(it.Policy.Name, it.Tenant, it.Part)); ok {
+				v := &d.Verdicts[i]
+				v.Path = PathPenalty
+				v.Result = Result{RetryAfter: left, Reset: left, From: OriginDenialCache}
+				boxed = boxed || !limit.Shadow
+				continue
+			}
 		}
 		rate := limit.Rate
 		if d.NoDelay {
@@ -108,6 +130,10 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 		})
 		d.counted = append(d.counted, i)
 	}
+	if boxed {
+		d.skip()
+		return nil
+	}
 	if len(d.checks) == 0 {
 		d.Admitted = true
 		return nil
@@ -123,8 +149,25 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 	d.Admitted = admitted
 	for j, i := range d.counted {
 		d.Verdicts[i].Result = d.results[j]
+		if !d.results[j].Allowed && d.Penalties != nil {
+			if pen := items[i].Policy.Penalty; pen.On() {
+				it := &items[i]
+				d.Penalties.Denied(NewPenaltyKey(it.Policy.Name, it.Tenant, it.Part), pen, d.checks[j].Rate.Window)
+			}
+		}
 	}
 	return nil
+}
+
+// skip completes a decision an enforced penalty box refused: the items
+// that would have asked the store are skipped, and nothing is charged.
+func (d *Decision) skip() {
+	for _, i := range d.counted {
+		d.Verdicts[i].Path = PathSkipped
+		d.Verdicts[i].Result = Result{Allowed: true, Remaining: -1}
+	}
+	d.checks, d.counted = d.checks[:0], d.counted[:0]
+	d.Admitted = false
 }
 
 // OverrideLookup finds the runtime override of tenant in policy p.

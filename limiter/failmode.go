@@ -63,6 +63,12 @@ const (
 	// PathFallback: the store failed and the fallback store answered
 	// (FailLocal).
 	PathFallback
+	// PathPenalty: the bucket is in its policy's penalty box; the store
+	// was not asked (see Penalty).
+	PathPenalty
+	// PathSkipped: not decided, as another item's penalty box refused the
+	// request first; the store was not asked. Not counted.
+	PathSkipped
 )
 
 // FailedClosedRetryAfter is the RetryAfter of a FailClosed denial: the

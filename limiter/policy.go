@@ -57,6 +57,9 @@ type Policy struct {
 	// Lease lets a LeaseStore serve the policy's enforced checks from
 	// locally leased units. Ignored when Algorithm cannot lease.
 	Lease Lease
+	// Penalty puts a bucket the store keeps denying in a penalty box (see
+	// Penalty); the zero value boxes nothing.
+	Penalty Penalty
 }
 
 // Resolve returns the limit that applies to tenant (whose tier is tier) and
@@ -85,6 +88,12 @@ func (p *Policy) Validate() error {
 	}
 	if err := p.validateLimit(p.Limit); err != nil {
 		return fmt.Errorf("policy %s: %w", p.Name, err)
+	}
+	if err := p.Penalty.Validate(); err != nil {
+		return fmt.Errorf("policy %s: %w", p.Name, err)
+	}
+	if p.Penalty.On() && p.Algorithm == Concurrency {
+		return fmt.Errorf("policy %s: penalty: a concurrency limit has no window to count denials in (allowed with: token_bucket, gcra, sliding_window, fixed_window, sliding_log)", p.Name)
 	}
 	for name, l := range p.Tiers {
 		if err := p.validateLimit(l); err != nil {

@@ -223,6 +223,13 @@ func classify(v *limiter.Verdict, redis bool) (decisionLabel, sourceLabel) {
 			return decisionFallbackAllowed, sourceFallback
 		}
 		return decisionFallbackDenied, sourceFallback
+	case limiter.PathPenalty:
+		// Refused from the in-process penalty table: a cache answer. A
+		// shadow box refuses nothing: a would-deny.
+		if v.Limit.Shadow {
+			return decisionShadowDenied, sourceCache
+		}
+		return decisionPenalty, sourceCache
 	}
 	s := sourceMemory
 	switch {

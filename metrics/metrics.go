@@ -18,6 +18,7 @@ const (
 	decisionFallbackAllowed
 	decisionFallbackDenied
 	decisionDelayed
+	decisionPenalty
 	numDecisions
 )
 
@@ -30,6 +31,7 @@ var decisionNames = [numDecisions]string{
 	decisionFallbackAllowed: "fallback_allowed",
 	decisionFallbackDenied:  "fallback_denied",
 	decisionDelayed:         "delayed",
+	decisionPenalty:         "penalty",
 }
 
 // sourceLabel is the source label of caddy_rate_limit_decision_duration_seconds.

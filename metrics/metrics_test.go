@@ -75,6 +75,9 @@ func TestClassify(t *testing.T) {
 		{v(limiter.PathFailedClosed, false, false), true, decisionFailedClosed, sourceRedis},
 		{v(limiter.PathFallback, false, true), true, decisionFallbackAllowed, sourceFallback},
 		{v(limiter.PathFallback, false, false), true, decisionFallbackDenied, sourceFallback},
+		{v(limiter.PathPenalty, false, false), true, decisionPenalty, sourceCache},
+		{v(limiter.PathPenalty, false, false), false, decisionPenalty, sourceCache},
+		{v(limiter.PathPenalty, true, false), true, decisionShadowDenied, sourceCache},
 	} {
 		if dec, src := classify(tc.v, tc.redis); dec != tc.dec || src != tc.src {
 			t.Errorf("classify(%+v, redis=%v) = %s/%s, want %s/%s", *tc.v, tc.redis,

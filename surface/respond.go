@@ -264,7 +264,7 @@ func (h *Server) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replac
 
 	ip := remoteIP(r)
 	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit exceeded"); ce != nil {
-		fields := make([]zap.Field, 0, 10)
+		fields := make([]zap.Field, 0, 11)
 		fields = append(fields, zap.String("zone", p.Name), zap.Duration("wait", wait), zap.String("remote_ip", ip))
 		ce.Write(h.decisionFields(fields, p, it, v, secs)...)
 	}
@@ -285,6 +285,9 @@ func (h *Server) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replac
 		}
 		if h.LogKey {
 			data["key"] = gate.Loggable(h.bucketKey(it))
+		}
+		if v.Path == limiter.PathPenalty {
+			data["reason"] = "penalty"
 		}
 		h.events.Emit(h.ctx, "rate_limit_exceeded", data)
 	}
@@ -309,6 +312,7 @@ func (h *Server) recordDenial(ds *fleet.DenialStream, p *policyRuntime, it *limi
 		Policy:     p.Name,
 		Limit:      v.Limit.Limit,
 		RetryAfter: retryAfter,
+		Penalty:    v.Path == limiter.PathPenalty,
 	}
 	switch {
 	case h.Tenant != "":
@@ -355,7 +359,7 @@ func (h *Server) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer) 
 // logShadowDenial writes the INFO line of a shadow would-deny.
 func (h *Server) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
 	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit would deny"); ce != nil {
-		ce.Write(h.decisionFields(make([]zap.Field, 0, 7), p, it, v, retryAfterSeconds(v.Result.RetryAfter))...)
+		ce.Write(h.decisionFields(make([]zap.Field, 0, 8), p, it, v, retryAfterSeconds(v.Result.RetryAfter))...)
 	}
 }
 
@@ -363,7 +367,7 @@ func (h *Server) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter.
 // request passes at once, the policy's bucket took its turn.
 func (h *Server) logShadowDelay(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
 	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit would delay"); ce != nil {
-		fields := make([]zap.Field, 0, 8)
+		fields := make([]zap.Field, 0, 9)
 		fields = append(fields, zap.Duration("delay", v.Result.Wait))
 		ce.Write(h.decisionFields(fields, p, it, v, 0)...)
 	}
@@ -417,6 +421,10 @@ func (h *Server) decisionFields(fields []zap.Field, p *policyRuntime, it *limite
 	)
 	if h.LogKey {
 		fields = append(fields, zap.String("key", gate.Loggable(h.bucketKey(it))))
+	}
+	if v.Path == limiter.PathPenalty {
+		// Refused by the bucket's penalty box, not by its count.
+		fields = append(fields, zap.String("reason", "penalty"))
 	}
 	return fields
 }

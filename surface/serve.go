@@ -57,6 +57,7 @@ func (h *Server) provisionPolicies(ctx caddy.Context) error {
 		}
 		rt.precomputeHeaders()
 		h.zones = h.zones || !rt.AllOrNothing
+		h.penalties = h.penalties || gp.Engine.Penalty.On()
 		h.policies = append(h.policies, rt)
 	}
 	return nil
@@ -122,6 +123,9 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 
 	d := &st.decision
 	d.Overrides = h.gate.Store.Overrides().Table()
+	if h.penalties {
+		d.Penalties = h.gate.Store.Penalties()
+	}
 	start := h.decisionStart()
 	err := h.gate.Store.Decide(r.Context(), d, st.items)
 	if err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {

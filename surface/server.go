@@ -44,6 +44,9 @@ type Server struct {
 	compat  *compat.Metrics
 	// drains bounds the metered responses read after their client left.
 	drains *drainer
+	// penalties: some policy has a penalty box (see limiter.Penalty);
+	// without one, decisions look nothing up.
+	penalties bool
 }
 
 // New builds the server of g, whose configuration cfg is validated: it
