@@ -654,3 +654,65 @@ func TestDocMetricsListener(t *testing.T) {
 		t.Errorf("no caddy_rate_limit_requests_total on the metrics listener")
 	}
 }
+
+// TestMetricsOneLabelSet: a caddy-ratelimit zone config and a Tollgate
+// policy config, side by side, export the same families with the same
+// labels: requests_total{policy, decision} and declined_requests_total{zone}
+// for both, the zone label holding the policy's name; no key label.
+func TestMetricsOneLabelSet(t *testing.T) {
+	site := `
+	handle /metrics {
+		metrics
+	}
+	handle /z {
+		rate_limit {
+			zone ls_zone {
+				key static
+				events 1
+				window 1h
+			}
+		}
+		respond "ok"
+	}
+	handle /p {
+		rate_limit {
+			policy ls_policy {
+				key static
+				limit 1
+				window 1h
+			}
+		}
+		respond "ok"
+	}`
+	s := startCaddy(t, "", site, nil)
+	before := scrapeMetrics(t, s.base+"/metrics")
+	for _, path := range []string{"/z", "/p"} {
+		if c := s.statuses(3, path); c[200] != 1 || c[429] != 2 {
+			t.Fatalf("%s: %v", path, c)
+		}
+	}
+	m := scrapeMetrics(t, s.base+"/metrics")
+	for _, name := range []string{"ls_zone", "ls_policy"} {
+		if got := m.delta(before, "caddy_rate_limit_requests_total", "policy", name, "decision", "denied"); got != 2 {
+			t.Errorf("requests_total{policy=%s, decision=denied} = %v, want 2", name, got)
+		}
+		if got := m.delta(before, "caddy_rate_limit_declined_requests_total", "zone", name); got != 2 {
+			t.Errorf("declined_requests_total{zone=%s} = %v, want 2", name, got)
+		}
+	}
+	for name, want := range map[string][]string{
+		"caddy_rate_limit_requests_total":          {"decision", "policy"},
+		"caddy_rate_limit_declined_requests_total": {"zone"},
+	} {
+		for _, series := range m.families[name].GetMetric() {
+			var got []string
+			for _, lp := range series.Label {
+				got = append(got, lp.GetName())
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("%s series with labels %v, want %v", name, got, want)
+			}
+		}
+	}
+}

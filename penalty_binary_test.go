@@ -209,3 +209,58 @@ func waitPenalty(t *testing.T, ps []*caddyProcess, tenant string) time.Time {
 	}
 	return until
 }
+
+// TestReadmePenaltyRecipe runs the README's penalty example verbatim in
+// front of basic_auth: 5 wrong passwords are counted (401), the next 3
+// attempts are denied by the limit (Retry-After within the 10-minute
+// window), and the third of those denials boxes the IP: an hour, right
+// password or not, while another IP logs in.
+func TestReadmePenaltyRecipe(t *testing.T) {
+	recipe := readmeBlock(t, "penalty 1h after 3")
+	site := strings.ReplaceAll(recipe, "\n", "\n\t") + `
+	basic_auth {
+		alice $2a$10$1y0ggp3aup/R3N.uGkpAauA2L8aqM8Se1qNdxGvvpxb9ArsE0Lecy
+	}
+	respond "hello"`
+	s := startCaddyAdmin(t, "\torder rate_limit before basic_auth", "\t"+site, nil)
+	// The embedded store and its boxes are the process's: start clean
+	// (-count=n).
+	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
+		s.adminOK("DELETE", "/rate_limit/penalties?tenant="+ip, "")
+		s.adminOK("POST", "/rate_limit/reset?tenant="+ip, "")
+	}
+	a, b := clientFrom("127.0.0.1"), clientFrom("127.0.0.2")
+	for i := range 5 {
+		if got := login(t, a, s.base, "guess"); got != http.StatusUnauthorized {
+			t.Fatalf("wrong password %d: %d, want 401", i+1, got)
+		}
+	}
+	retryAfter := func(password string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, s.base+"/", nil)
+		req.SetBasicAuth("alice", password)
+		res, err := a.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("status %d, want 429", res.StatusCode)
+		}
+		n, _ := strconv.Atoi(res.Header.Get("Retry-After"))
+		return n
+	}
+	for i := range 3 {
+		if ra := retryAfter("guess"); ra < 1 || ra > 600 {
+			t.Fatalf("denial %d by the limit: Retry-After %d, want within the 10m window", i+1, ra)
+		}
+	}
+	for _, password := range []string{"guess", "wonderland"} {
+		if ra := retryAfter(password); ra < 3599 || ra > 3600 {
+			t.Fatalf("boxed (%s): Retry-After %d, want the hour", password, ra)
+		}
+	}
+	if got := login(t, b, s.base, "wonderland"); got != http.StatusOK {
+		t.Fatalf("another IP: %d", got)
+	}
+}
