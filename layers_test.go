@@ -15,8 +15,8 @@ import (
 // layer do not import each other.
 var layers = [][]string{
 	{"."},
-	{"surface", "admin"},
-	{"compat"},
+	{"surface", "admin", "portal"},
+	{"compat", "report"},
 	{"gate"},
 	{"config", "metrics"},
 	{"fleet"},

@@ -18,6 +18,8 @@ import (
 	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/metrics"
+	// The tenant's own view, http.handlers.rate_limit_usage.
+	_ "github.com/tollgate/caddy-tollgate/portal"
 	"github.com/tollgate/caddy-tollgate/surface"
 )
 
@@ -110,6 +112,7 @@ func (h *Handler) openStore(ctx caddy.Context) (gate.Store, error) {
 			Backend:       h.Redis.BackendOptions(h.logger),
 			Hooks:         fleet.Hooks{Logger: h.logger},
 			DenialsStream: h.DenialsStream,
+			History:       h.historyOptions(),
 			Logger:        h.logger,
 		}
 		for _, p := range h.gate.Policies {
@@ -120,7 +123,7 @@ func (h *Handler) openStore(ctx caddy.Context) (gate.Store, error) {
 		}
 		return gate.OpenRedis(o)
 	}
-	m, err := gate.OpenMemory(time.Duration(h.SweepInterval), h.MaxMemory)
+	m, err := gate.OpenMemory(time.Duration(h.SweepInterval), h.MaxMemory, h.historyOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -130,6 +133,16 @@ func (h *Handler) openStore(ctx caddy.Context) (gate.Store, error) {
 		}
 	}
 	return m, nil
+}
+
+// historyOptions are the usage history's options, nil when the handler
+// keeps none.
+func (h *Handler) historyOptions() *fleet.HistoryOptions {
+	minutes, hours, ok := h.History.Retentions()
+	if !ok {
+		return nil
+	}
+	return &fleet.HistoryOptions{MinuteRetention: minutes, HourRetention: hours, Logger: h.logger}
 }
 
 // ServeHTTP decides r against every policy that matches it, all or

@@ -16,6 +16,7 @@ import (
 	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/limiter"
+	"github.com/tollgate/caddy-tollgate/report"
 )
 
 func init() {
@@ -46,6 +47,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit/denials", Handler: locked(a.denials)},
 		{Pattern: "/rate_limit/near_limit", Handler: locked(a.nearLimit)},
 		{Pattern: "/rate_limit/penalties", Handler: locked(a.penalties)},
+		{Pattern: "/rate_limit/top", Handler: locked(a.top)},
 		{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.notFound)},
 	}
 }
@@ -75,6 +77,20 @@ func requireMethod(r *http.Request, methods ...string) error {
 		}
 	}
 	return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use %v", r.Method, methods)
+}
+
+// countParam reads the count query parameter: def when absent, else an
+// integer from 1 to most (a 400 otherwise).
+func countParam(r *http.Request, def, most int) (int, error) {
+	c := r.URL.Query().Get("count")
+	if c == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(c)
+	if err != nil || n < 1 || n > most {
+		return 0, apiError(http.StatusBadRequest, "count: %q is not an integer from 1 to %d", c, most)
+	}
+	return n, nil
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {
@@ -146,7 +162,7 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 			if d := p.Engine.Limit.Delay; d > 0 {
 				ps.Delay = d.String()
 			}
-			if ps.Calendar = calendarText(p.Engine.Limit.Rate); ps.Calendar == "" && p.Engine.Limit.Window > 0 {
+			if ps.Calendar = report.CalendarText(p.Engine.Limit.Rate); ps.Calendar == "" && p.Engine.Limit.Window > 0 {
 				ps.Window = p.Engine.Limit.Window.String()
 			}
 			if l := p.Engine.Lease; l.Enabled() && leaseStats != nil {
@@ -161,31 +177,6 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 		out.Handlers = append(out.Handlers, hs)
 	}
 	return writeJSON(w, out)
-}
-
-// effective is one policy's limit for a tenant.
-type effective struct {
-	Policy    string `json:"policy"`
-	Algorithm string `json:"algorithm"`
-	Limit     int64  `json:"limit,omitempty"`
-	Window    string `json:"window,omitempty"`
-	// Calendar is the calendar period of a calendar limit ("month
-	// America/New_York"), and PeriodStart and PeriodEnd the current one's
-	// bounds (RFC 3339, in its zone).
-	Calendar    string `json:"calendar,omitempty"`
-	PeriodStart string `json:"period_start,omitempty"`
-	PeriodEnd   string `json:"period_end,omitempty"`
-	Burst       int64  `json:"burst,omitempty"`
-	// Delay is the longest wait for a turn of this limit, e.g. "2s".
-	Delay     string `json:"delay,omitempty"`
-	Unlimited bool   `json:"unlimited,omitempty"`
-	Shadow    bool   `json:"shadow,omitempty"`
-	FailMode  string `json:"fail_mode"`
-	Source    string `json:"source"`
-	Store     string `json:"store"`
-	// Usage fields (usage route only).
-	Remaining *int64   `json:"remaining,omitempty"`
-	Reset     *float64 `json:"reset,omitempty"`
 }
 
 // tenantQuery reads tenant (required), tier and policy.
@@ -207,39 +198,6 @@ func tierOf(h *gate.Gate, tenant, given string) (string, string) {
 		return given, "query"
 	}
 	return "", ""
-}
-
-// resolve returns the limit of tenant in p as a request would see it.
-func resolve(h *gate.Gate, p *gate.Policy, tenant, tier string) (limiter.Limit, limiter.Source) {
-	if l, ok := h.Store.Overrides().Table().Lookup(p.Engine, tenant); ok {
-		return l, limiter.SourceRuntimeOverride
-	}
-	return p.Engine.Resolve(tenant, tier)
-}
-
-func effectiveOf(h *gate.Gate, p *gate.Policy, tenant, tier string) (effective, limiter.Limit) {
-	l, src := resolve(h, p, tenant, tier)
-	e := effective{
-		Policy:    p.Engine.Name,
-		Algorithm: p.Engine.Algorithm.String(),
-		Unlimited: l.Unlimited,
-		Shadow:    l.Shadow,
-		FailMode:  p.Engine.FailMode.String(),
-		Source:    src.String(),
-		Store:     storeKind(h),
-	}
-	if !l.Unlimited {
-		e.Limit, e.Burst = l.Limit, l.Burst
-		if l.Delay > 0 {
-			e.Delay = l.Delay.String()
-		}
-		if l.Calendar != nil {
-			e.Calendar, e.PeriodStart, e.PeriodEnd = calendarPeriod(l.Rate, time.Now())
-		} else if l.Window > 0 {
-			e.Window = l.Window.String()
-		}
-	}
-	return e, l
 }
 
 // selectPolicies returns the (handler, policy) pairs named policy (all
@@ -265,11 +223,11 @@ func selectPolicies(policy string) ([]*gate.Gate, [][]*gate.Policy, error) {
 }
 
 type tenantReport struct {
-	Tenant     string      `json:"tenant"`
-	Tier       string      `json:"tier,omitempty"`
-	TierSource string      `json:"tier_source,omitempty"`
-	Note       string      `json:"note,omitempty"`
-	Policies   []effective `json:"policies"`
+	Tenant     string          `json:"tenant"`
+	Tier       string          `json:"tier,omitempty"`
+	TierSource string          `json:"tier_source,omitempty"`
+	Note       string          `json:"note,omitempty"`
+	Policies   []report.Policy `json:"policies"`
 }
 
 const tierNote = "a tier from the tier placeholder needs a request; pass &tier=<name> to see that tier's limits"
@@ -295,7 +253,10 @@ func tenantRoute(w http.ResponseWriter, r *http.Request, usage bool) error {
 		return err
 	}
 	part := r.URL.Query().Get("key")
-	rep := tenantReport{Tenant: tenant, Policies: []effective{}}
+	// History, when a range or resolution is asked for (usage only).
+	q := r.URL.Query()
+	withHistory := usage && (q.Has("range") || q.Has("resolution"))
+	rep := tenantReport{Tenant: tenant, Policies: []report.Policy{}}
 	for i, h := range hs {
 		tier, tierSrc := tierOf(h, tenant, givenTier)
 		if tier != "" {
@@ -304,41 +265,21 @@ func tenantRoute(w http.ResponseWriter, r *http.Request, usage bool) error {
 			rep.Note = tierNote
 		}
 		for _, p := range ps[i] {
-			e, l := effectiveOf(h, p, tenant, tier)
+			e, l := report.Of(h, p, tenant, tier)
 			if usage {
-				if err := peek(h, r, p, tenant, part, l, &e); err != nil {
+				if err := report.Peek(r.Context(), h, p, tenant, part, l, &e); err != nil {
 					return apiError(http.StatusServiceUnavailable, "reading usage of policy %s: %v", p.Engine.Name, err)
+				}
+				if withHistory {
+					if e.History, err = history(r, h, p, tenant); err != nil {
+						return err
+					}
 				}
 			}
 			rep.Policies = append(rep.Policies, e)
 		}
 	}
 	return writeJSON(w, rep)
-}
-
-// peek fills the remaining budget and reset of e without charging: the
-// store is asked with cost 0.
-func peek(h *gate.Gate, r *http.Request, p *gate.Policy, tenant, part string, l limiter.Limit, e *effective) error {
-	if l.Unlimited {
-		return nil
-	}
-	checks := []limiter.Check{{
-		Algorithm: p.Engine.Algorithm,
-		Tenant:    tenant,
-		Policy:    p.Engine.Name,
-		Part:      part,
-		Rate:      l.Rate,
-		Cost:      0,
-		Shadow:    l.Shadow,
-	}}
-	results := make([]limiter.Result, 1)
-	if err := h.Store.Peek(r.Context(), checks, results); err != nil {
-		return err
-	}
-	rem := results[0].Remaining
-	reset := results[0].Reset.Seconds()
-	e.Remaining, e.Reset = &rem, &reset
-	return nil
 }
 
 func (adminAPI) reset(w http.ResponseWriter, r *http.Request) error {
@@ -386,13 +327,9 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 	if tenant == "" {
 		return apiError(http.StatusBadRequest, "tenant: required, e.g. ?tenant=acme")
 	}
-	count := defaultDenials
-	if c := r.URL.Query().Get("count"); c != "" {
-		n, err := strconv.Atoi(c)
-		if err != nil || n < 1 || n > maxDenials {
-			return apiError(http.StatusBadRequest, "count: %q is not an integer from 1 to %d", c, maxDenials)
-		}
-		count = n
+	count, err := countParam(r, defaultDenials, maxDenials)
+	if err != nil {
+		return err
 	}
 	// Entries store the tenant cut as in logs.
 	want := gate.Loggable(tenant)

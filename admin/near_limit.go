@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/tollgate/caddy-tollgate/fleet"
@@ -41,13 +40,9 @@ func (adminAPI) nearLimit(w http.ResponseWriter, r *http.Request) error {
 	}
 	q := r.URL.Query()
 	policy := q.Get("policy")
-	count := defaultNearLimitCount
-	if c := q.Get("count"); c != "" {
-		n, err := strconv.Atoi(c)
-		if err != nil || n < 1 || n > maxNearLimitCount {
-			return apiError(http.StatusBadRequest, "count: %q is not an integer from 1 to %d", c, maxNearLimitCount)
-		}
-		count = n
+	count, err := countParam(r, defaultNearLimitCount, maxNearLimitCount)
+	if err != nil {
+		return err
 	}
 	hs, ps, err := selectPolicies(policy)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/tollgate/caddy-tollgate/gate"
@@ -46,17 +45,12 @@ func (adminAPI) penalties(w http.ResponseWriter, r *http.Request) error {
 	if tenant != "" {
 		tenant = limiter.BoundedValue(tenant)
 	}
-	count := defaultPenaltyCount
-	if r.Method == http.MethodDelete {
-		if tenant == "" {
-			return apiError(http.StatusBadRequest, "tenant: required to lift penalties, e.g. ?tenant=acme (&policy=P for one policy)")
-		}
-	} else if c := q.Get("count"); c != "" {
-		n, err := strconv.Atoi(c)
-		if err != nil || n < 1 || n > maxPenaltyCount {
-			return apiError(http.StatusBadRequest, "count: %q is not an integer from 1 to %d", c, maxPenaltyCount)
-		}
-		count = n
+	if r.Method == http.MethodDelete && tenant == "" {
+		return apiError(http.StatusBadRequest, "tenant: required to lift penalties, e.g. ?tenant=acme (&policy=P for one policy)")
+	}
+	count, err := countParam(r, defaultPenaltyCount, maxPenaltyCount)
+	if err != nil {
+		return err
 	}
 	hs, ps, err := selectPolicies(policy)
 	if err != nil {

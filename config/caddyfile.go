@@ -58,6 +58,7 @@ import (
 //		disable_metrics
 //		distributed [{ read_interval <d>  write_interval <d>  purge_age <d> }]
 //		storage <module...>
+//		history off | history <minute_retention> <hour_retention>
 //
 //		policy <name> {            # alias: zone
 //			match { <matchers> }
@@ -182,6 +183,7 @@ var handlerBlock = block[*Handler]{
 		return err
 	}},
 	{name: "drain", usage: "drain off | drain { timeout <duration> max_bytes <size> max_concurrent <n> }", field: "drain", parse: parseDrain},
+	{name: "history", usage: historyForm, field: "history", parse: parseHistory},
 	{name: "log_key", usage: "log_key", repeatable: true, field: "log_key", parse: func(p cfParser, h *Handler) error {
 		h.LogKey = true
 		return p.flag()

@@ -53,6 +53,10 @@ type Handler struct {
 	// this many entries (approximately). 0 disables it.
 	DenialsStream int `json:"denials_stream,omitempty"`
 
+	// The usage history kept for tenants (see HistoryConfig). Default:
+	// minute points for 48h, hour points for 90d.
+	History *HistoryConfig `json:"history,omitempty"`
+
 	// Per-tenant metric series for the n busiest tenants; the rest are
 	// counted as "_other". 0 disables per-tenant series.
 	MetricsTenants int `json:"metrics_tenants,omitempty"`

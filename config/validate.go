@@ -151,6 +151,9 @@ func (h *Handler) validateHandler() error {
 	if err := checkDrain(h.Drain); err != nil {
 		return err
 	}
+	if err := checkHistory([]string{"history"}, h.History); err != nil {
+		return err
+	}
 	if d := h.Distributed; d != nil {
 		for _, f := range []struct {
 			field string

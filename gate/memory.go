@@ -13,16 +13,19 @@ import (
 // with them and across reloads), or a store over it (caddy-ratelimit's
 // distributed mode, see Use).
 type Memory struct {
-	mem   *limiter.MemoryStore
-	store limiter.Store // what decides: mem, or a store over it
-	key   string        // mem's name in embeddedStores
+	mem     *limiter.MemoryStore
+	store   limiter.Store // what decides: mem, or a store over it
+	key     string        // mem's name in embeddedStores
+	history *fleet.History
 }
 
 var _ Store = (*Memory)(nil)
 
 // OpenMemory returns the Store on the embedded store for sweep and
-// maxMemory (0: their defaults), creating that store on first use.
-func OpenMemory(sweep time.Duration, maxMemory int64) (*Memory, error) {
+// maxMemory (0: their defaults), creating that store on first use. With
+// history set it keeps the handler's usage history (in the process's
+// map).
+func OpenMemory(sweep time.Duration, maxMemory int64, history *fleet.HistoryOptions) (*Memory, error) {
 	if sweep <= 0 {
 		sweep = limiter.DefaultSweepInterval
 	}
@@ -31,7 +34,11 @@ func OpenMemory(sweep time.Duration, maxMemory int64) (*Memory, error) {
 		return nil, err
 	}
 	mem := s.(*limiter.MemoryStore)
-	return &Memory{mem: mem, store: mem, key: key}, nil
+	m := &Memory{mem: mem, store: mem, key: key}
+	if history != nil {
+		m.history = fleet.NewMemoryHistory(*history)
+	}
+	return m, nil
 }
 
 // MemoryStore is the embedded store underneath.
@@ -86,6 +93,9 @@ func (m *Memory) NearLimitRecent(_ context.Context, policy string, n int) ([]fle
 // Denials implements Store: none without Redis.
 func (m *Memory) Denials() *fleet.DenialStream { return nil }
 
+// History implements Store.
+func (m *Memory) History() *fleet.History { return m.history }
+
 // Penalties implements Store: the process's table, which counts denials
 // itself.
 func (m *Memory) Penalties() limiter.Penalties { return memoryPenalties }
@@ -110,6 +120,9 @@ func (m *Memory) Scope() any { return m.mem }
 func (m *Memory) Close() error {
 	if m.key == "" {
 		return nil
+	}
+	if m.history != nil {
+		m.history.Close()
 	}
 	_, err := embeddedStores.Delete(m.key)
 	m.key = ""

@@ -25,6 +25,8 @@ type RedisOptions struct {
 	// DenialsStream is the denial stream's length the handler asks for;
 	// 0: it writes none.
 	DenialsStream int
+	// History, when set, keeps the handler's usage history in Redis.
+	History *fleet.HistoryOptions
 	// Logger logs what is specific to the handler.
 	Logger *zap.Logger
 }
@@ -39,6 +41,7 @@ type Redis struct {
 	fallbackKey string
 	denials     *fleet.DenialStream
 	denialsLen  int
+	history     *fleet.History
 	closed      bool
 }
 
@@ -62,6 +65,9 @@ func OpenRedis(o RedisOptions) (*Redis, error) {
 	if o.DenialsStream > 0 {
 		r.denials, r.denialsLen = backend.Denials(), o.DenialsStream
 		r.denials.Acquire(o.DenialsStream)
+	}
+	if o.History != nil {
+		r.history = backend.NewHistory(*o.History)
 	}
 	return r, nil
 }
@@ -111,6 +117,9 @@ func (r *Redis) NearLimitRecent(ctx context.Context, policy string, n int) ([]fl
 // Denials implements Store.
 func (r *Redis) Denials() *fleet.DenialStream { return r.denials }
 
+// History implements Store.
+func (r *Redis) History() *fleet.History { return r.history }
+
 // Penalties implements Store: the backend's, shared by the fleet.
 func (r *Redis) Penalties() limiter.Penalties { return r.backend.Penalties() }
 
@@ -151,6 +160,9 @@ func (r *Redis) Close() error {
 	r.closed = true
 	if r.denials != nil {
 		r.denials.Release(r.denialsLen)
+	}
+	if r.history != nil {
+		r.history.Close() // a last flush, before the client goes
 	}
 	errs := []error{r.stack.Close()}
 	r.attachment.Detach()

@@ -44,6 +44,9 @@ type Store interface {
 	// Denials is the denial stream the handler writes, nil for none (it
 	// needs Redis and denials_stream).
 	Denials() *fleet.DenialStream
+	// History is the handler's usage history, nil when it keeps none:
+	// with Redis, written for the fleet.
+	History() *fleet.History
 	// Penalties holds the penalty boxes decisions look up (in-process)
 	// and report denials to: with Redis, shared by the fleet.
 	Penalties() limiter.Penalties

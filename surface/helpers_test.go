@@ -32,7 +32,7 @@ func provisionServer(tb testing.TB, cfg string) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	m, err := gate.OpenMemory(time.Duration(c.SweepInterval), c.MaxMemory)
+	m, err := gate.OpenMemory(time.Duration(c.SweepInterval), c.MaxMemory, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

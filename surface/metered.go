@@ -488,6 +488,7 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter, ba
 	if err := h.gate.Store.Settle(ctx, &st.decision, real); err != nil {
 		h.settleFailed(err)
 	}
+	h.noteSettle(st, real)
 }
 
 // estimateCost estimates what a response without a usage cost, in

@@ -43,6 +43,7 @@ func (h *Server) giveBack(r *http.Request, st *requestState) {
 	if err := h.gate.Store.GiveBack(context.WithoutCancel(r.Context()), &st.decision, st.back); err != nil {
 		h.logger.Error("giving back the units of a request whose outcome does not count", zap.Error(err))
 	}
+	h.noteGiveBack(st)
 }
 
 // markBack sets st.back: which verdicts give their units back after a

@@ -139,6 +139,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}
 	h.markNearLimit(st)
 	h.recordDecision(st, start)
+	h.noteHistory(st)
 	shown := h.report(w, r, repl, st)
 	if !d.Admitted {
 		if h.zones {
