@@ -127,7 +127,7 @@ func TestPortal(t *testing.T) {
 	if r.status != http.StatusOK || !strings.HasPrefix(r.header.Get("Content-Type"), "text/html") {
 		t.Fatalf("page: %d %s", r.status, r.header.Get("Content-Type"))
 	}
-	for _, want := range []string{`id="tenant">pt_alice<`, `data-field="remaining">0<`, `data-field="used">10<`, `data-field="denied">2<`, "limit reached", `data-admitted="10"`} {
+	for _, want := range []string{`id="tenant">pt_alice<`, `data-field="remaining">0<`, `data-field="used">10<`, `data-field="denied">2<`, "limit reached", `data-admitted="10"`, `<rect class="denied"`, "</html>"} {
 		if !strings.Contains(r.body, want) {
 			t.Errorf("page lacks %q", want)
 		}

@@ -13,7 +13,8 @@
 # CADDY_RATELIMIT_SRC names a checkout of its source (the Go proxy here
 # does not serve it). Below the table, each Tollgate Redis row's
 # requests/s as a ratio to redis_rate's, and each embedded row's to
-# caddy_ratelimit's.
+# caddy_ratelimit's; and the usage history's cost: the embedded and strict
+# Redis scenarios against the same with `history off`.
 #
 #   ./bench/run.sh                 # 3 rounds of 10 s per scenario (~9 min)
 #   DURATION=30s ./bench/run.sh    # longer runs
@@ -123,7 +124,9 @@ redis_block="redis {
 		}"
 embedded=$(printf "$policy" '' both '')
 embedded_off=$(printf "$policy" '' off '')
+embedded_nohist=$(printf "$policy" '' both 'history off')
 strict=$(printf "$policy" "$redis_block" both '')
+strict_nohist=$(printf "$policy" "$redis_block" both 'history off')
 leased=$(printf "$policy" "$redis_block" both 'lease 50')
 # The peers, configured as the policies above: never denying.
 redis_rate="	redis_rate {
@@ -148,9 +151,11 @@ all=(
 	"baseline 100"
 	"embedded 100"
 	"embedded_headers_off 100"
+	"embedded_history_off 100"
 	"caddy_ratelimit 100"
 	"redis_rate 100"
 	"redis 100"
+	"redis_history_off 100"
 	"redis_hot 1"
 	"redis_10k 10000"
 	"lease 100"
@@ -159,6 +164,7 @@ all=(
 )
 declare -A block=(
 	[baseline]="" [embedded]="$embedded" [embedded_headers_off]="$embedded_off"
+	[embedded_history_off]="$embedded_nohist" [redis_history_off]="$strict_nohist"
 	[redis]="$strict" [redis_hot]="$strict" [redis_10k]="$strict"
 	[lease]="$leased" [lease_hot]="$leased" [lease_10k]="$leased"
 	[redis_rate]="$redis_rate" [caddy_ratelimit]="$caddy_ratelimit"
@@ -217,9 +223,11 @@ labels = {
     "baseline": "plain Caddy `respond` (baseline)",
     "embedded": "embedded store",
     "embedded_headers_off": "embedded store, `headers off`",
+    "embedded_history_off": "embedded store, `history off`",
     "caddy_ratelimit": "mholt/caddy-ratelimit (in memory, sliding window)",
     "redis_rate": "go-redis/redis_rate (GCRA, one EVALSHA per request)",
     "redis": "Redis, strict (no lease)",
+    "redis_history_off": "Redis, strict, `history off`",
     "redis_hot": "Redis, strict, one hot tenant",
     "redis_10k": "Redis, strict, 10 000 tenants",
     "lease": "Redis, `lease 50`",
@@ -263,6 +271,18 @@ for peer, ours in peers:
 if lines:
     print()
     print("Requests/s against the peers (same round; median, range over rounds):")
+    print()
+    print("\n".join(lines))
+# The usage history's cost: each scenario against the same without it.
+lines = []
+for name, off in (("embedded", "embedded_history_off"), ("redis", "redis_history_off")):
+    rs = sorted(rps[rnd, name] / rps[rnd, off] for rnd in base if (rnd, name) in rps and (rnd, off) in rps)
+    if rs:
+        spread = f" ({rs[0]:.2f}–{rs[-1]:.2f})" if len(rs) > 1 else ""
+        lines.append(f"- {labels[name]} / {labels[off]}: {med(rs):.2f}{spread}")
+if lines:
+    print()
+    print("Usage history on against off (requests/s, same round; median, range over rounds):")
     print()
     print("\n".join(lines))
 PY

@@ -1,6 +1,7 @@
 package portal
 
 import (
+	"bytes"
 	_ "embed"
 	"fmt"
 	"html/template"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/tollgate/caddy-tollgate/report"
 )
@@ -27,6 +30,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 	"num":     formatNum,
 	"seconds": formatSeconds,
 	"deref":   func(p *int64) int64 { return *p },
+	"dur":     formatWindow,
 	"derefF":  func(p *float64) float64 { return *p },
 	"total": func(s *report.Series) int64 {
 		var n int64
@@ -58,7 +62,7 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 <section class="policy" id="policy-{{.Policy.Policy}}" aria-labelledby="h-{{.Policy.Policy}}">
 <h2 id="h-{{.Policy.Policy}}">{{.Policy.Policy}}
 {{if .Unlimited}}<span class="badge ok">unlimited</span>{{else if and .Remaining (eq (deref .Remaining) 0)}}<span class="badge out">limit reached</span>{{else if .NearLimit}}<span class="badge near">near the limit</span>{{else}}<span class="badge ok">ok</span>{{end}}</h2>
-<p class="muted">{{.Why}}{{if .Window}}: {{num .Limit}} per {{.Window}}{{else if .Calendar}}: {{num .Limit}} per {{.Calendar}}{{end}}{{if .Burst}}, bursts up to {{num .Burst}}{{end}}.</p>
+<p class="muted">{{.Why}}{{if .Window}}: {{num .Limit}} per {{dur .Window}}{{else if .Calendar}}: {{num .Limit}} per {{.Calendar}}{{end}}{{if .Burst}}, bursts up to {{num .Burst}}{{end}}.</p>
 {{if not .Unlimited}}
 <dl class="numbers">
 <div><dt>Left now</dt><dd data-field="remaining">{{if .Remaining}}{{num (deref .Remaining)}}{{end}}</dd></div>
@@ -69,13 +73,13 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 </dl>
 {{if .Remaining}}<meter min="0" max="{{.Capacity}}" value="{{deref .Remaining}}" aria-label="left of {{.Capacity}}">{{deref .Remaining}} left</meter>{{end}}
 {{end}}
-{{with .History}}{{with chart $name .}}
+{{with .History}}{{with chart $name .}}{{$c := .}}
 <figure>
 <svg class="chart" viewBox="0 0 {{.W}} {{.H}}" role="img" aria-labelledby="t-{{.ID}} d-{{.ID}}">
 <title id="t-{{.ID}}">{{.Title}}</title>
 <desc id="d-{{.ID}}">{{.Desc}}</desc>
 <line class="axis" x1="0" y1="{{.Base}}" x2="{{.W}}" y2="{{.Base}}"/>
-{{range .Bars}}<rect class="admitted" x="{{.X}}" y="{{.Y}}" width="{{.BW}}" height="{{.BH}}" data-at="{{.At}}" data-admitted="{{.Admitted}}" data-denied="{{.Denied}}"><title>{{.At}}: {{.Admitted}} used{{if .Denied}}, {{.Denied}} denied{{end}}</title></rect>{{if .Denied}}<rect class="denied" x="{{.X}}" y="{{$.Base}}" width="{{.BW}}" height="4"/>{{end}}
+{{range .Bars}}<rect class="admitted" x="{{.X}}" y="{{.Y}}" width="{{.BW}}" height="{{.BH}}" data-at="{{.At}}" data-admitted="{{.Admitted}}" data-denied="{{.Denied}}"><title>{{.At}}: {{.Admitted}} used{{if .Denied}}, {{.Denied}} denied{{end}}</title></rect>{{if .Denied}}<rect class="denied" x="{{.X}}" y="{{$c.Base}}" width="{{.BW}}" height="4"/>{{end}}
 {{end}}
 <text x="0" y="{{.H}}">{{.FromLabel}}</text><text x="{{.W}}" y="{{.H}}" text-anchor="end">{{.ToLabel}}</text><text x="0" y="10">{{.MaxLabel}}</text>
 </svg>
@@ -93,8 +97,10 @@ var pageTemplate = template.Must(template.New("page").Funcs(template.FuncMap{
 <thead><tr><th scope="col">When</th><th scope="col">Policy</th><th scope="col">Limit</th><th scope="col">Retry after</th><th scope="col">Why</th></tr></thead>
 <tbody>{{range .Denials}}<tr><td><time datetime="{{.At}}">{{.At}}</time></td><td>{{.Policy}}</td><td>{{num .Limit}}</td><td>{{.RetryAfter}} s</td><td>{{if eq .Reason "penalty"}}penalty box{{else}}over the limit{{end}}</td></tr>{{end}}</tbody>
 </table>
-{{else}}
+{{else if .DenialsKept}}
 <p class="muted">None recorded.</p>
+{{else}}
+<p class="muted">Denials are not recorded here.</p>
 {{end}}
 </section>
 <p class="muted">This page is also JSON: ask with <code>Accept: application/json</code>. Query: <code>?policy=</code>, <code>&amp;range=</code> (e.g. 1h, 48h, 30d), <code>&amp;resolution=</code> (1m, 1h).</p>
@@ -111,15 +117,22 @@ var errorTemplate = template.Must(template.New("error").Funcs(template.FuncMap{
 <body><main><h1>Your rate limits</h1><p role="alert">{{.Message}}</p></main></body></html>
 `))
 
-// writePage renders v.
+// writePage renders v, whole before anything is written: a template
+// error is a 500, never half a page.
 func writePage(w http.ResponseWriter, r *http.Request, v *View) error {
+	var buf bytes.Buffer
+	if err := pageTemplate.Execute(&buf, v); err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, fmt.Errorf("rendering the usage page: %w", err))
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'")
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
 		return nil
 	}
-	return pageTemplate.Execute(w, v)
+	_, err := w.Write(buf.Bytes())
+	return err
 }
 
 func writeErrorPage(w http.ResponseWriter, r *http.Request, status int, msg string) error {
@@ -209,4 +222,23 @@ func formatSeconds(f float64) string {
 		return "under a second"
 	}
 	return d.String()
+}
+
+// formatWindow writes a window as people do: "1h", "90s", "1h30m", "1d".
+func formatWindow(s string) string {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return s
+	}
+	if d >= 24*time.Hour && d%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	out := d.String()
+	if strings.HasSuffix(out, "m0s") {
+		out = strings.TrimSuffix(out, "0s")
+	}
+	if strings.HasSuffix(out, "h0m") {
+		out = strings.TrimSuffix(out, "0m")
+	}
+	return out
 }

@@ -24,9 +24,11 @@ type View struct {
 	GeneratedAt string `json:"generated_at"`
 	// Policies are the policies that can apply to the tenant.
 	Policies []Policy `json:"policies"`
-	// Denials are the tenant's last denials, newest first (with Redis
-	// and denials_stream; otherwise empty).
-	Denials []Denial `json:"denials"`
+	// Denials are the tenant's last denials, newest first;
+	// DenialsKept is false when no handler keeps them (they need Redis
+	// and denials_stream), so Denials is always empty.
+	Denials     []Denial `json:"denials"`
+	DenialsKept bool     `json:"denials_kept"`
 }
 
 // Policy is one policy as the tenant sees it: report.Policy (its limit,
@@ -121,7 +123,7 @@ func (h *Handler) build(r *http.Request, repl *caddy.Replacer) (*View, int, erro
 		return nil, http.StatusNotFound, fmt.Errorf("policy %q: no such policy applies to you", only)
 	}
 	v.Tenant = gate.Loggable(tenant)
-	v.Denials = denials(ctx, streams, tenant)
+	v.Denials, v.DenialsKept = denials(ctx, streams, tenant)
 	return v, http.StatusOK, nil
 }
 
@@ -197,7 +199,7 @@ func why(source, tier string, l limiter.Limit) string {
 
 // denials are the tenant's last denials, from the denial streams of the
 // handlers shown (each stream once), newest first.
-func denials(ctx context.Context, gs []*gate.Gate, tenant string) []Denial {
+func denials(ctx context.Context, gs []*gate.Gate, tenant string) ([]Denial, bool) {
 	out := []Denial{}
 	seen := map[any]bool{}
 	for _, g := range gs {
@@ -220,7 +222,7 @@ func denials(ctx context.Context, gs []*gate.Gate, tenant string) []Denial {
 			out = append(out, d)
 		}
 	}
-	return out
+	return out, len(seen) > 0
 }
 
 func str(v any) string {

@@ -4,13 +4,15 @@
 # fuzz seed corpora, Caddy end-to-end, built binary). The fast tier without
 # Redis is `go test -short ./...`.
 # Installs what the tests need when it is missing (redis-server and
-# redis-cli from Debian packages; needs root or sudo).
+# redis-cli, and chromium for the tenant page's browser test, from Debian
+# packages; needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
 command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need_pkgs+=(redis-tools)
+command -v chromium >/dev/null 2>&1 || need_pkgs+=(chromium)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
 	sudo_cmd=""
 	[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
