@@ -34,6 +34,18 @@ func BenchmarkServeHTTP(b *testing.B) {
 			}
 		})
 	}
+	// The usage history's cost: the same handler with history off.
+	b.Run("token_bucket_history_off", func(b *testing.B) {
+		h := provisionHandler(b, `{"tenant":"{http.request.header.X-Tenant}","headers":"off","history":{"off":true},
+			"rate_limits":{"api":{"algorithm":"token_bucket","max_events":1000000000,"window":3600000000000}}}`)
+		b.ReportAllocs()
+		for b.Loop() {
+			r := caddyreq.New(w, "acme")
+			if err := h.ServeHTTP(w, r, caddyreq.OK); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("token_bucket_headers_both", func(b *testing.B) {
 		h := provisionHandler(b, `{"tenant":"{http.request.header.X-Tenant}",
 			"rate_limits":{"api":{"algorithm":"token_bucket","max_events":1000000000,"window":3600000000000}}}`)
@@ -56,6 +68,8 @@ func BenchmarkServeHTTPRedis(b *testing.B) {
 	for name, store := range map[string]string{
 		"embedded":     ``,
 		"redis_strict": `"redis":{"addresses":["` + srv.Addr + `"]},`,
+		// The usage history's cost on Redis: the same without it.
+		"redis_strict_history_off": `"redis":{"addresses":["` + srv.Addr + `"]},"history":{"off":true},`,
 		"redis_lease":  `"redis":{"addresses":["` + srv.Addr + `"]},"lease":{"max_tokens":50},`,
 	} {
 		b.Run(name, func(b *testing.B) {

@@ -44,9 +44,9 @@ const portalFleetCaddyfile = `{
 
 // TestBinaryPortalFleet: three instances on one Redis, three tenants
 // whose requests go round the instances. Once the instances have flushed,
-// every instance shows each tenant its fleet-wide usage: per minute what
-// was admitted and denied, equal to what the Redis bucket counted, its
-// own denials and nothing of the others. A new instance started after one
+// every instance shows each tenant its fleet-wide usage, in the JSON and
+// on the page: per minute what was admitted and denied, equal to what the
+// Redis bucket counted, its own denials and nothing of the others. A new instance started after one
 // was stopped shows the same history (it lives in Redis).
 func TestBinaryPortalFleet(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
@@ -134,8 +134,14 @@ func TestBinaryPortalFleet(t *testing.T) {
 			if len(v.Denials) != denied[tenant] {
 				t.Errorf("instance %d, %s: %d denials listed, want %d", i, tenant, len(v.Denials), denied[tenant])
 			}
+			// The page shows the same minute, and no other tenant.
+			page := p.request("GET", "/limits", "X-Tenant", tenant, "Accept", "text/html")
+			bar := fmt.Sprintf(`data-at="%s" data-admitted="%d" data-denied="%d"`, minute, admitted[tenant], denied[tenant])
+			if page.status != http.StatusOK || !strings.Contains(page.body, bar) || !strings.Contains(page.body, `id="tenant">`+tenant+`<`) {
+				t.Errorf("instance %d, %s: the page lacks %s", i, tenant, bar)
+			}
 			for other := range sent {
-				if other != tenant && strings.Contains(r.body, other) {
+				if other != tenant && (strings.Contains(r.body, other) || strings.Contains(page.body, other)) {
 					t.Errorf("instance %d: %s's view names %s", i, tenant, other)
 				}
 			}
