@@ -70,7 +70,7 @@ func BenchmarkServeHTTPRedis(b *testing.B) {
 		"redis_strict": `"redis":{"addresses":["` + srv.Addr + `"]},`,
 		// The usage history's cost on Redis: the same without it.
 		"redis_strict_history_off": `"redis":{"addresses":["` + srv.Addr + `"]},"history":{"off":true},`,
-		"redis_lease":  `"redis":{"addresses":["` + srv.Addr + `"]},"lease":{"max_tokens":50},`,
+		"redis_lease":              `"redis":{"addresses":["` + srv.Addr + `"]},"lease":{"max_tokens":50},`,
 	} {
 		b.Run(name, func(b *testing.B) {
 			h := provisionHandler(b, `{`+store+`"tenant":"{http.request.header.X-Tenant}",

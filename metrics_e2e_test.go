@@ -46,6 +46,7 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_llm_requests_total":        {Kind: "counter", Labels: []string{"result"}},
 		"caddy_rate_limit_redis_queue_seconds":       {Kind: "histogram", Labels: nil},
 		"caddy_rate_limit_redis_queue_shed_total":    {Kind: "counter", Labels: nil},
+		"caddy_rate_limit_notifications_total":       {Kind: "counter", Labels: []string{"event", "result"}},
 		// caddy-ratelimit's families, without its unbounded key label.
 		"caddy_rate_limit_declined_requests_total": {Kind: "counter", Labels: []string{"zone"}},
 		"caddy_rate_limit_process_time_seconds":    {Kind: "histogram", Labels: []string{"zone"}},

@@ -99,6 +99,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.gate.Store, err = h.openStore(ctx); err != nil {
 		return err
 	}
+	h.gate.Signals = h.server
 	gate.Register(ctx, h.gate, h.logger)
 	return nil
 }
@@ -113,7 +114,11 @@ func (h *Handler) openStore(ctx caddy.Context) (gate.Store, error) {
 			Hooks:         fleet.Hooks{Logger: h.logger},
 			DenialsStream: h.DenialsStream,
 			History:       h.historyOptions(),
+			Notify:        h.notifyOptions(),
 			Logger:        h.logger,
+		}
+		if o.Notify != nil {
+			o.Hooks.OnBreaker = h.server.BreakerChanged
 		}
 		for _, p := range h.gate.Policies {
 			o.Lease = o.Lease || p.Engine.Lease.Enabled()
@@ -123,7 +128,8 @@ func (h *Handler) openStore(ctx caddy.Context) (gate.Store, error) {
 		}
 		return gate.OpenRedis(o)
 	}
-	m, err := gate.OpenMemory(time.Duration(h.SweepInterval), h.MaxMemory, h.historyOptions())
+	m, err := gate.OpenMemory(gate.MemoryOptions{Sweep: time.Duration(h.SweepInterval), MaxMemory: h.MaxMemory,
+		History: h.historyOptions(), Notify: h.notifyOptions()})
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +149,30 @@ func (h *Handler) historyOptions() *fleet.HistoryOptions {
 		return nil
 	}
 	return &fleet.HistoryOptions{MinuteRetention: minutes, HourRetention: hours, Logger: h.logger}
+}
+
+// notifyOptions are the webhooks' options, nil when neither the handler
+// nor a policy has a notify block.
+func (h *Handler) notifyOptions() *fleet.NotifyOptions {
+	var timeout time.Duration
+	on := h.Notify != nil
+	if on {
+		timeout = time.Duration(h.Notify.Timeout)
+	}
+	for _, pc := range h.RateLimits {
+		if pc != nil && pc.Notify != nil {
+			on = true
+			timeout = max(timeout, time.Duration(pc.Notify.Timeout))
+		}
+	}
+	if !on {
+		return nil
+	}
+	o := &fleet.NotifyOptions{Timeout: timeout, Logger: h.logger}
+	if !h.DisableMetrics {
+		o.Observe = metrics.ObserveNotification
+	}
+	return o
 }
 
 // ServeHTTP decides r against every policy that matches it, all or

@@ -420,6 +420,16 @@ func (adminAPI) overrides(w http.ResponseWriter, r *http.Request) error {
 	return apiError(http.StatusMethodNotAllowed, "method %s not allowed; use GET, PUT or DELETE", r.Method)
 }
 
+// overrideChanged tells the live handlers of policy that an override
+// changed (their webhooks' override event).
+func overrideChanged(tenant, policy, state string) {
+	for _, h := range gate.Gates() {
+		if h.Signals != nil && h.HasPolicy(policy) {
+			h.Signals.OverrideChanged(tenant, policy, state)
+		}
+	}
+}
+
 // maxAdminBody bounds the JSON body of an admin request.
 const maxAdminBody = 64 << 10
 
@@ -457,6 +467,9 @@ func putOverride(w http.ResponseWriter, r *http.Request) error {
 		if err := checkOverrideCalendar(p, &o); err != nil {
 			return err
 		}
+		if o.WebhookOnly() {
+			continue // the tenant's webhook only: its limits stay
+		}
 		if err := p.ValidateLimit(o.Limit(p)); err != nil {
 			return apiError(http.StatusBadRequest, "policy %s: %v", p.Name, err)
 		}
@@ -474,6 +487,7 @@ func putOverride(w http.ResponseWriter, r *http.Request) error {
 	if had {
 		res["previous"] = old
 	}
+	overrideChanged(o.Tenant, o.Policy, "set")
 	return writeJSON(w, res)
 }
 
@@ -515,6 +529,9 @@ func deleteOverride(w http.ResponseWriter, r *http.Request) error {
 			return apiError(http.StatusServiceUnavailable, "deleting override: %v", err)
 		}
 		found = found || had
+	}
+	if found {
+		overrideChanged(tenant, policy, "deleted")
 	}
 	if !found {
 		return apiError(http.StatusNotFound, "no runtime override for tenant %q in policy %q", tenant, policy)

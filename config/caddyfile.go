@@ -59,6 +59,7 @@ import (
 //		distributed [{ read_interval <d>  write_interval <d>  purge_age <d> }]
 //		storage <module...>
 //		history off | history <minute_retention> <hour_retention>
+//		notify { url <url>; secret <value>; events ...; allow_private; timeout <d> }
 //
 //		policy <name> {            # alias: zone
 //			match { <matchers> }
@@ -184,6 +185,10 @@ var handlerBlock = block[*Handler]{
 	}},
 	{name: "drain", usage: "drain off | drain { timeout <duration> max_bytes <size> max_concurrent <n> }", field: "drain", parse: parseDrain},
 	{name: "history", usage: historyForm, field: "history", parse: parseHistory},
+	{name: "notify", usage: notifyForm, parse: func(p cfParser, h *Handler) (err error) {
+		h.Notify, err = p.notify()
+		return err
+	}},
 	{name: "log_key", usage: "log_key", repeatable: true, field: "log_key", parse: func(p cfParser, h *Handler) error {
 		h.LogKey = true
 		return p.flag()
@@ -269,6 +274,10 @@ var policyBlock = block[*policyState]{
 	}},
 	{name: "penalty", usage: penaltyForm, parse: func(p cfParser, ps *policyState) (err error) {
 		ps.pc.Penalty, err = p.penalty()
+		return err
+	}},
+	{name: "notify", usage: notifyForm, parse: func(p cfParser, ps *policyState) (err error) {
+		ps.pc.Notify, err = p.notify()
 		return err
 	}},
 	{name: "min_interval", usage: "min_interval <duration>", field: "min_interval", parse: func(p cfParser, ps *policyState) (err error) {

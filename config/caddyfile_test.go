@@ -367,7 +367,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		// policy
 		{"policy no name", "rate_limit {\n policy {\n  limit 1\n }\n}", 2, []string{"policy: wrong number of arguments (0)", "usage: policy <name>"}},
 		{"duplicate policy", "rate_limit {\n policy a {\n  limit 1\n  window 1s\n }\n zone a {\n  events 1\n  window 1s\n }\n}", 6, []string{`zone: duplicate policy name "a"`}},
-		{"policy unknown subdirective", policy("limit 1\nwindow 1s\nrate 5"), 5, []string{`policy p: unknown subdirective "rate"`, "allowed: match, key, algorithm, limit (alias events), window, calendar, burst, delay, cost, cost_after, cost_before, price, cost_missing, count_status, refund_status, penalty, min_interval, tier, tenant_limit, override, lease, shadow, near_limit, fail, ipv4_prefix, ipv6_prefix"}},
+		{"policy unknown subdirective", policy("limit 1\nwindow 1s\nrate 5"), 5, []string{`policy p: unknown subdirective "rate"`, "allowed: match, key, algorithm, limit (alias events), window, calendar, burst, delay, cost, cost_after, cost_before, price, cost_missing, count_status, refund_status, penalty, notify, min_interval, tier, tenant_limit, override, lease, shadow, near_limit, fail, ipv4_prefix, ipv6_prefix"}},
 		{"missing limit", policy("window 1s"), 2, []string{"policy p: limit: must be set to an integer from 1 to 9007199254740991"}},
 		{"missing window", policy("limit 5"), 2, []string{"policy p: window: required for algorithm sliding_window (only concurrency takes none)"}},
 		{"missing window token_bucket", policy("limit 5\nalgorithm token_bucket"), 2, []string{"window: required for algorithm token_bucket"}},

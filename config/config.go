@@ -128,6 +128,10 @@ type PolicyConfig struct {
 	// PenaltyConfig. Not for concurrency.
 	Penalty *PenaltyConfig `json:"penalty,omitempty"`
 
+	// Webhooks for this policy's events, instead of the handler's (see
+	// NotifyConfig).
+	Notify *NotifyConfig `json:"notify,omitempty"`
+
 	// For sliding_log: the smallest gap between two admitted requests.
 	MinInterval caddy.Duration `json:"min_interval,omitempty"`
 

@@ -57,6 +57,9 @@ type Handler struct {
 	// minute points for 48h, hour points for 90d.
 	History *HistoryConfig `json:"history,omitempty"`
 
+	// Webhooks for the handler's events (see NotifyConfig).
+	Notify *NotifyConfig `json:"notify,omitempty"`
+
 	// Per-tenant metric series for the n busiest tenants; the rest are
 	// counted as "_other". 0 disables per-tenant series.
 	MetricsTenants int `json:"metrics_tenants,omitempty"`

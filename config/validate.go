@@ -154,6 +154,9 @@ func (h *Handler) validateHandler() error {
 	if err := checkHistory([]string{"history"}, h.History); err != nil {
 		return err
 	}
+	if err := checkNotify([]string{"notify"}, h.Notify); err != nil {
+		return err
+	}
 	if d := h.Distributed; d != nil {
 		for _, f := range []struct {
 			field string
@@ -232,6 +235,9 @@ func (h *Handler) validatePolicy(name string, pc *PolicyConfig) (*limiter.Policy
 		return nil, err
 	}
 	if err := checkPenalty(sub(path, "penalty"), pc.Penalty, alg); err != nil {
+		return nil, err
+	}
+	if err := checkNotify(sub(path, "notify"), pc.Notify); err != nil {
 		return nil, err
 	}
 	if pc.CostAfter != nil && h.Distributed != nil && h.Redis == nil {

@@ -244,6 +244,13 @@ func (b *Backend) Denials() *DenialStream { return b.denials }
 // Penalties is the penalty boxes of the prefix.
 func (b *Backend) Penalties() *PenaltySync { return b.pen }
 
+// NewNotifier returns a Notifier whose once-per-period markers are in
+// b's Redis, under its prefix, and whose events name this instance.
+func (b *Backend) NewNotifier(o NotifyOptions) *Notifier {
+	o.Client, o.Prefix, o.Instance = b.client, b.opts.Prefix, b.reg.ID()
+	return NewNotifier(o)
+}
+
 // LiftPenalties lifts the boxes of tenant (of policy only, when set) for
 // the whole fleet, and appends the lift to the audit stream.
 func (b *Backend) LiftPenalties(ctx context.Context, tenant, policy, remote string) ([]limiter.PenaltyEntry, error) {
@@ -288,6 +295,7 @@ func (b *Backend) dropped(reason string, n int) {
 // breakerChanged logs one line per breaker transition (never per request)
 // and reports it. It runs under the breaker's lock: no store calls.
 func (b *Backend) breakerChanged(open bool, err error) {
+	b.users.onBreaker(open)
 	if open {
 		err = b.client.dials.explain(err, max(time.Second, 2*b.opts.Connection.Timeout))
 		b.logger.Warn("rate limit store unreachable ("+FailureCause(err)+"): circuit breaker open, deciding by fail mode",

@@ -30,6 +30,10 @@ type Observer interface {
 type Hooks struct {
 	Logger   *zap.Logger
 	Observer Observer
+	// OnBreaker hears the backend's circuit breaker open and close (the
+	// fail_mode events of notify). It runs under the breaker's lock: it
+	// must not block. Only the newest user that sets it hears it.
+	OnBreaker func(open bool)
 }
 
 // Attachment is one user's Hooks on a Backend; Detach it when the user
@@ -91,6 +95,19 @@ func (u *users) refresh() {
 		}
 	}
 	// Nobody left: keep the last logger for the final flush's lines.
+}
+
+// onBreaker tells the newest user that listens that the breaker opened
+// or closed.
+func (u *users) onBreaker(open bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for i := len(u.list) - 1; i >= 0; i-- {
+		if f := u.list[i].hooks.OnBreaker; f != nil {
+			f(open)
+			return
+		}
+	}
 }
 
 // observe returns the observer to report to, or nil.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -32,6 +33,10 @@ type Override struct {
 	Burst     int64         `json:"burst,omitempty"`
 	Unlimited bool          `json:"unlimited,omitempty"`
 	Shadow    bool          `json:"shadow,omitempty"`
+	// NotifyURL is the tenant's own webhook for the policy's events
+	// (notify); an override with only a NotifyURL keeps the tenant's
+	// limits.
+	NotifyURL string `json:"notify_url,omitempty"`
 	// Expires is when the override stops applying; zero: never.
 	Expires time.Time `json:"-"`
 }
@@ -47,11 +52,12 @@ type overrideWire struct {
 	Burst     int64        `json:"burst,omitempty"`
 	Unlimited bool         `json:"unlimited,omitempty"`
 	Shadow    bool         `json:"shadow,omitempty"`
+	NotifyURL string       `json:"notify_url,omitempty"`
 	Expires   flexDuration `json:"expires,omitempty"`
 }
 
 func (o Override) MarshalJSON() ([]byte, error) {
-	j := overrideWire{Tenant: o.Tenant, Policy: o.Policy, MaxEvents: o.MaxEvents, Burst: o.Burst, Unlimited: o.Unlimited, Shadow: o.Shadow}
+	j := overrideWire{Tenant: o.Tenant, Policy: o.Policy, MaxEvents: o.MaxEvents, Burst: o.Burst, Unlimited: o.Unlimited, Shadow: o.Shadow, NotifyURL: o.NotifyURL}
 	if o.Window > 0 {
 		j.Window = flexDuration(o.Window.String())
 	}
@@ -115,8 +121,14 @@ func DecodeOverride(body []byte, now time.Time) (Override, error) {
 
 // parse checks the wire form; an expires that is a duration counts from now.
 func (j overrideWire) parse(now time.Time) (Override, error) {
-	o := Override{Tenant: j.Tenant, Policy: j.Policy, MaxEvents: j.MaxEvents, Burst: j.Burst, Unlimited: j.Unlimited, Shadow: j.Shadow}
-	if o.MaxEvents != 0 || !o.Unlimited {
+	o := Override{Tenant: j.Tenant, Policy: j.Policy, MaxEvents: j.MaxEvents, Burst: j.Burst, Unlimited: j.Unlimited, Shadow: j.Shadow, NotifyURL: j.NotifyURL}
+	if o.NotifyURL != "" {
+		u, err := url.Parse(o.NotifyURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return o, fmt.Errorf("notify_url: %q: want an http or https URL", o.NotifyURL)
+		}
+	}
+	if !o.WebhookOnly() && (o.MaxEvents != 0 || !o.Unlimited) {
 		if err := limiter.CheckCount(o.MaxEvents, 1); err != nil {
 			return o, fmt.Errorf("max_events: %w", err)
 		}
@@ -162,6 +174,11 @@ func (o *Override) Limit(p *limiter.Policy) limiter.Limit {
 	return l
 }
 
+// WebhookOnly reports whether o sets only the tenant's webhook: no limit.
+func (o *Override) WebhookOnly() bool {
+	return o.NotifyURL != "" && o.MaxEvents == 0 && !o.Unlimited
+}
+
 // Expired reports whether o no longer applies at now.
 func (o *Override) Expired(now time.Time) bool {
 	return !o.Expires.IsZero() && !now.Before(o.Expires)
@@ -194,10 +211,23 @@ func (t *OverrideTable) Lookup(p *limiter.Policy, tenant string) (limiter.Limit,
 		return limiter.Limit{}, false
 	}
 	o, ok := m[overrideKey{tenant, p.Name}]
-	if !ok || o.Expired(time.Now()) {
+	if !ok || o.WebhookOnly() || o.Expired(time.Now()) {
 		return limiter.Limit{}, false
 	}
 	return o.Limit(p), true
+}
+
+// NotifyURL is the webhook of tenant's live override in p, "" for none.
+func (t *OverrideTable) NotifyURL(p *limiter.Policy, tenant string) string {
+	m := *t.m.Load()
+	if len(m) == 0 {
+		return ""
+	}
+	o, ok := m[overrideKey{tenant, p.Name}]
+	if !ok || o.Expired(time.Now()) {
+		return ""
+	}
+	return o.NotifyURL
 }
 
 // List returns the live overrides, of tenant only when it is not empty,

@@ -21,6 +21,16 @@ type Gate struct {
 	Policies []*Policy
 	// Store decides the handler's requests.
 	Store Store
+	// Signals hears what the admin API changes, for the handler's
+	// webhooks; nil: nobody listens.
+	Signals Signals
+}
+
+// Signals is told of changes made outside requests.
+type Signals interface {
+	// OverrideChanged: the runtime override of tenant in policy (engine
+	// name) was set or deleted (state "set" or "deleted").
+	OverrideChanged(tenant, policy, state string)
 }
 
 // Policy is a provisioned policy: the engine's policy and the names and

@@ -2,6 +2,7 @@ package gate
 
 import (
 	"context"
+	"os"
 	"time"
 
 	"github.com/tollgate/caddy-tollgate/fleet"
@@ -13,19 +14,32 @@ import (
 // with them and across reloads), or a store over it (caddy-ratelimit's
 // distributed mode, see Use).
 type Memory struct {
-	mem     *limiter.MemoryStore
-	store   limiter.Store // what decides: mem, or a store over it
-	key     string        // mem's name in embeddedStores
-	history *fleet.History
+	mem      *limiter.MemoryStore
+	store    limiter.Store // what decides: mem, or a store over it
+	key      string        // mem's name in embeddedStores
+	history  *fleet.History
+	notifier *fleet.Notifier
 }
 
 var _ Store = (*Memory)(nil)
 
-// OpenMemory returns the Store on the embedded store for sweep and
-// maxMemory (0: their defaults), creating that store on first use. With
-// history set it keeps the handler's usage history (in the process's
-// map).
-func OpenMemory(sweep time.Duration, maxMemory int64, history *fleet.HistoryOptions) (*Memory, error) {
+// MemoryOptions configures OpenMemory.
+type MemoryOptions struct {
+	// Sweep and MaxMemory configure the embedded store (0: defaults).
+	Sweep     time.Duration
+	MaxMemory int64
+	// History, when set, keeps the handler's usage history (in the
+	// process's map).
+	History *fleet.HistoryOptions
+	// Notify, when set, sends the handler's webhooks (once per period
+	// for this process).
+	Notify *fleet.NotifyOptions
+}
+
+// OpenMemory returns the Store on the embedded store of o's settings,
+// creating that store on first use.
+func OpenMemory(o MemoryOptions) (*Memory, error) {
+	sweep, maxMemory := o.Sweep, o.MaxMemory
 	if sweep <= 0 {
 		sweep = limiter.DefaultSweepInterval
 	}
@@ -35,8 +49,15 @@ func OpenMemory(sweep time.Duration, maxMemory int64, history *fleet.HistoryOpti
 	}
 	mem := s.(*limiter.MemoryStore)
 	m := &Memory{mem: mem, store: mem, key: key}
-	if history != nil {
-		m.history = fleet.NewMemoryHistory(*history)
+	if o.History != nil {
+		m.history = fleet.NewMemoryHistory(*o.History)
+	}
+	if o.Notify != nil {
+		n := *o.Notify
+		if n.Instance == "" {
+			n.Instance, _ = os.Hostname()
+		}
+		m.notifier = fleet.NewNotifier(n)
 	}
 	return m, nil
 }
@@ -96,6 +117,9 @@ func (m *Memory) Denials() *fleet.DenialStream { return nil }
 // History implements Store.
 func (m *Memory) History() *fleet.History { return m.history }
 
+// Notifier implements Store.
+func (m *Memory) Notifier() *fleet.Notifier { return m.notifier }
+
 // Penalties implements Store: the process's table, which counts denials
 // itself.
 func (m *Memory) Penalties() limiter.Penalties { return memoryPenalties }
@@ -123,6 +147,9 @@ func (m *Memory) Close() error {
 	}
 	if m.history != nil {
 		m.history.Close()
+	}
+	if m.notifier != nil {
+		m.notifier.Close()
 	}
 	_, err := embeddedStores.Delete(m.key)
 	m.key = ""

@@ -27,6 +27,8 @@ type RedisOptions struct {
 	DenialsStream int
 	// History, when set, keeps the handler's usage history in Redis.
 	History *fleet.HistoryOptions
+	// Notify, when set, sends the handler's webhooks (markers in Redis).
+	Notify *fleet.NotifyOptions
 	// Logger logs what is specific to the handler.
 	Logger *zap.Logger
 }
@@ -42,6 +44,7 @@ type Redis struct {
 	denials     *fleet.DenialStream
 	denialsLen  int
 	history     *fleet.History
+	notifier    *fleet.Notifier
 	closed      bool
 }
 
@@ -68,6 +71,9 @@ func OpenRedis(o RedisOptions) (*Redis, error) {
 	}
 	if o.History != nil {
 		r.history = backend.NewHistory(*o.History)
+	}
+	if o.Notify != nil {
+		r.notifier = backend.NewNotifier(*o.Notify)
 	}
 	return r, nil
 }
@@ -120,6 +126,9 @@ func (r *Redis) Denials() *fleet.DenialStream { return r.denials }
 // History implements Store.
 func (r *Redis) History() *fleet.History { return r.history }
 
+// Notifier implements Store.
+func (r *Redis) Notifier() *fleet.Notifier { return r.notifier }
+
 // Penalties implements Store: the backend's, shared by the fleet.
 func (r *Redis) Penalties() limiter.Penalties { return r.backend.Penalties() }
 
@@ -163,6 +172,9 @@ func (r *Redis) Close() error {
 	}
 	if r.history != nil {
 		r.history.Close() // a last flush, before the client goes
+	}
+	if r.notifier != nil {
+		r.notifier.Close()
 	}
 	errs := []error{r.stack.Close()}
 	r.attachment.Detach()

@@ -47,6 +47,9 @@ type Store interface {
 	// History is the handler's usage history, nil when it keeps none:
 	// with Redis, written for the fleet.
 	History() *fleet.History
+	// Notifier sends the handler's webhooks, nil without notify: with
+	// Redis, once per period for the fleet.
+	Notifier() *fleet.Notifier
 	// Penalties holds the penalty boxes decisions look up (in-process)
 	// and report denials to: with Redis, shared by the fleet.
 	Penalties() limiter.Penalties

@@ -121,6 +121,7 @@ var collectors = struct {
 	llmRequests    *prometheus.CounterVec
 	redisQueue     prometheus.Histogram
 	redisQueueShed prometheus.Counter
+	notifications  *prometheus.CounterVec
 }{
 	requests: NewCounterVec("requests_total",
 		"Rate-limit decisions, one per request and counted policy, by the policy's decision.",
@@ -171,6 +172,9 @@ var collectors = struct {
 		"result"),
 	redisQueue: newHistogram("redis_queue_seconds",
 		"Time Redis calls waited in this instance before they were written to Redis (not counted against the Redis timeout)."),
+	notifications: NewCounterVec("notifications_total",
+		"Webhook deliveries (notify), by event and result: sent, failed (given up), retried (an attempt that failed and is tried again), dropped (a full queue or a reload).",
+		"event", "result"),
 	redisQueueShed: newCounter("redis_queue_shed_total",
 		"Redis calls shed unsent because they waited longer than the queue limit in this instance (a busy host, not a slow Redis); their requests were decided by the fail mode."),
 }

@@ -34,6 +34,11 @@ func (Observer) DenialsDropped(reason string, n int) {
 	collectors.denialsDropped.WithLabelValues(reason).Add(float64(n))
 }
 
+// ObserveNotification counts a webhook delivery (fleet.NotifyOptions.Observe).
+func ObserveNotification(event, result string) {
+	collectors.notifications.WithLabelValues(event, result).Inc()
+}
+
 // leaseCounters caches, per policy, the children of
 // caddy_rate_limit_lease_units_total, so counting spent units on the
 // request path is a map read and an atomic add.

@@ -32,7 +32,7 @@ func provisionServer(tb testing.TB, cfg string) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	m, err := gate.OpenMemory(time.Duration(c.SweepInterval), c.MaxMemory, nil)
+	m, err := gate.OpenMemory(gate.MemoryOptions{Sweep: time.Duration(c.SweepInterval), MaxMemory: c.MaxMemory})
 	if err != nil {
 		tb.Fatal(err)
 	}

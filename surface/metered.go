@@ -489,6 +489,7 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter, ba
 		h.settleFailed(err)
 	}
 	h.noteSettle(st, real)
+	traceSettle(r, st, real)
 }
 
 // estimateCost estimates what a response without a usage cost, in

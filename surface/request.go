@@ -51,6 +51,9 @@ type policyRuntime struct {
 	// outcome says which response statuses keep the request's units
 	// (count_status, refund_status); nil keeps them whatever the status.
 	outcome *config.Outcome
+	// notify is the policy's webhooks (its own notify block, else the
+	// handler's); nil without one.
+	notify *notifyRuntime
 }
 
 // requestState is the per-request scratch space, pooled so a decision

@@ -388,6 +388,7 @@ func (h *Server) waitTurn(r *http.Request, st *requestState) error {
 	t := st.startTimer(st.wait)
 	select {
 	case <-t.C:
+		traceWait(r, st.wait)
 		return nil
 	case <-r.Context().Done():
 		t.Stop()

@@ -41,6 +41,14 @@ func (h *Server) provisionPolicies(ctx caddy.Context) error {
 		if rt.outcome, err = pc.Outcome(name, gp.Engine.Algorithm); err != nil {
 			return err
 		}
+		nc := pc.Notify
+		if nc == nil {
+			nc = h.Notify
+		}
+		if rt.notify, err = compileNotify(nc, gp.Near); err != nil {
+			return fmt.Errorf("rate_limits.%s.notify: %v", name, err)
+		}
+		h.notifies = h.notifies || rt.notify != nil
 		if n, ok := pc.Cost.Constant(); ok {
 			rt.cost = n
 		} else {
@@ -140,7 +148,11 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	h.markNearLimit(st)
 	h.recordDecision(st, start)
 	h.noteHistory(st)
+	if h.notifies {
+		h.signal(st)
+	}
 	shown := h.report(w, r, repl, st)
+	h.traceDecision(r, st, shown)
 	if !d.Admitted {
 		if h.zones {
 			if err := compat.ChargeZones(r.Context(), h.gate.Store, st.gates, st.items, d); err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {

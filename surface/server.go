@@ -47,7 +47,11 @@ type Server struct {
 	// penalties: some policy has a penalty box (see limiter.Penalty);
 	// without one, decisions look nothing up.
 	penalties bool
+	// notifies: some policy sends webhooks (notify).
+	notifies bool
 }
+
+var _ gate.Signals = (*Server)(nil)
 
 // New builds the server of g, whose configuration cfg is validated: it
 // compiles the policies' matchers and templates and renders their

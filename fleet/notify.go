@@ -1,0 +1,456 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	crand "crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Signals out: webhooks. A Notifier takes events from the request path
+// and from the instance (fail modes, overrides), makes sure each happens
+// once per tenant, policy, threshold and period across the fleet, and
+// delivers them, signed, to their destinations, without ever making a
+// request wait.
+//
+// Once per period: the request path first asks an in-process table (a
+// map lookup under a lock, bounded), so a tenant near its limit on every
+// request enqueues its event once per instance and period; the sender
+// then sets a marker in Redis, SET NX with the period's remaining time as
+// TTL, <prefix>:notified:{<tenant>}:<policy>:<event>[:<threshold>]:<period
+// start>, and delivers only when it set it: one instance of the fleet
+// sends. Without Redis the in-process table decides alone.
+//
+// Delivery: each destination has a bounded queue (notifyQueue events)
+// and one sender goroutine; an event that finds its queue full is dropped
+// and counted. A sender tries an event up to NotifyOptions.Attempts
+// times, each within Timeout, waiting between attempts an exponential
+// backoff with full jitter; a 2xx answer is a success, anything else (a
+// redirect included: none is followed) a failure. A dead receiver costs
+// its queue, bounded, and nothing else.
+//
+// Targets: a URL that resolves to a private, loopback, link-local or
+// unspecified address is refused unless AllowPrivate (the check is made on
+// the address dialed, after resolution, so DNS cannot route around it).
+
+// Event is one notification, as it is sent (its JSON is the body).
+type Event struct {
+	// ID identifies the delivery: the same for every attempt, so a
+	// receiver can drop a duplicate.
+	ID string `json:"id"`
+	// Type is near_limit, exceeded, penalty, fail_mode or override.
+	Type string `json:"event"`
+	// At is when it happened (RFC 3339).
+	At string `json:"at"`
+	// Instance is the instance that sent it.
+	Instance string `json:"instance"`
+	Tenant   string `json:"tenant,omitempty"`
+	Policy   string `json:"policy,omitempty"`
+	// Threshold is the near_limit fraction crossed.
+	Threshold float64 `json:"threshold,omitempty"`
+	// Limit, Used and Remaining describe the bucket at the event; Reset
+	// is when it has more (RFC 3339).
+	Limit     int64  `json:"limit,omitempty"`
+	Used      int64  `json:"used,omitempty"`
+	Remaining *int64 `json:"remaining,omitempty"`
+	Reset     string `json:"reset,omitempty"`
+	// PeriodStart and PeriodEnd bound the period the event fires once in
+	// (RFC 3339): the limit's window, a calendar period, a penalty box.
+	PeriodStart string `json:"period_start,omitempty"`
+	PeriodEnd   string `json:"period_end,omitempty"`
+	// State is fail_mode's "open" or "closed", override's "set" or
+	// "deleted".
+	State string `json:"state,omitempty"`
+}
+
+// Destination is where a handler's (or a policy's) events go.
+type Destination struct {
+	// URL receives a POST per event.
+	URL string
+	// Secret signs the body (Tollgate-Signature).
+	Secret string
+	// AllowPrivate permits a URL on a private network.
+	AllowPrivate bool
+}
+
+// NotifyOptions configures a Notifier.
+type NotifyOptions struct {
+	// Client holds the fleet's markers; nil: this process decides alone.
+	Client redis.UniversalClient
+	// Prefix starts the marker keys.
+	Prefix string
+	// Instance names this instance in events.
+	Instance string
+	// Timeout bounds one attempt (default 5s); Attempts is how many
+	// attempts an event gets (default 5); Backoff is the first wait
+	// between two (default 1s, doubled each time, at most a minute).
+	Timeout  time.Duration
+	Attempts int
+	Backoff  time.Duration
+	// Observe counts deliveries: result sent, failed (an event given
+	// up), retried (an attempt that failed and will be tried again),
+	// dropped (a full queue, or the notifier closing).
+	Observe func(event, result string)
+	Logger  *zap.Logger
+}
+
+// notifyQueue bounds each destination's queue; notifyOnceKeep bounds the
+// in-process table of events already fired; notifyMaxDestinations bounds
+// the destinations (per-tenant URLs included) a Notifier keeps senders
+// for.
+const (
+	notifyQueue           = 1000
+	notifyOnceKeep        = 100000
+	notifyMaxDestinations = 256
+)
+
+// Notifier sends one handler's events.
+type Notifier struct {
+	opts NotifyOptions
+	// client may dial any address; public refuses private ones.
+	client, public *http.Client
+	// fired: once-keys already enqueued or sent, to the end of their
+	// period (Unix ns).
+	firedMu sync.Mutex
+	fired   map[string]int64
+
+	mu      sync.Mutex
+	senders map[Destination]*sender
+	closed  bool
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// NewNotifier returns a Notifier; Close it when done.
+func NewNotifier(o NotifyOptions) *Notifier {
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.Attempts <= 0 {
+		o.Attempts = 5
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Notifier{opts: o, fired: map[string]int64{}, senders: map[Destination]*sender{}, ctx: ctx, cancel: cancel,
+		client: webhookClient(&net.Dialer{Timeout: o.Timeout}),
+		public: webhookClient(&net.Dialer{Timeout: o.Timeout, Control: refusePrivate})}
+}
+
+// webhookClient is a client that dials with d, through no proxy, and
+// follows no redirect (a 3xx is a failed delivery).
+func webhookClient(d *net.Dialer) *http.Client {
+	return &http.Client{
+		Transport:     &http.Transport{Proxy: nil, DialContext: d.DialContext, MaxIdleConnsPerHost: 2, IdleConnTimeout: 30 * time.Second},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// refusePrivate is a dialer's Control hook: it sees the address being
+// dialed, after resolution, and refuses a private one.
+func refusePrivate(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return err
+	}
+	if !PublicAddr(ap.Addr()) {
+		return fmt.Errorf("%w: %s (allow_private permits it)", ErrPrivateTarget, ap.Addr())
+	}
+	return nil
+}
+
+// ErrPrivateTarget is a webhook URL that reaches a private address
+// without allow_private.
+var ErrPrivateTarget = errors.New("notify: private address")
+
+// Once reports whether the event named key, of the period that ends at
+// end, is new on this instance (and marks it): the request path calls it
+// before building an event, so a repeated event costs one map lookup.
+func (n *Notifier) Once(key string, end time.Time) bool {
+	now := time.Now().UnixNano()
+	n.firedMu.Lock()
+	defer n.firedMu.Unlock()
+	if until, ok := n.fired[key]; ok && until > now {
+		return false
+	}
+	if len(n.fired) >= notifyOnceKeep {
+		for k, until := range n.fired {
+			if until <= now || len(n.fired) >= notifyOnceKeep {
+				delete(n.fired, k)
+			}
+		}
+	}
+	n.fired[key] = end.UnixNano()
+	return true
+}
+
+// Send queues ev for dst. With once set, ev is sent only if no instance
+// sent the event named once in the period that ends at end (a marker in
+// Redis). It never blocks.
+func (n *Notifier) Send(dst Destination, ev Event, once string, end time.Time) {
+	if dst.URL == "" {
+		return
+	}
+	s := n.sender(dst)
+	if s == nil {
+		n.observe(ev.Type, "dropped")
+		return
+	}
+	if ev.ID == "" {
+		ev.ID = newEventID()
+	}
+	if ev.At == "" {
+		ev.At = time.Now().UTC().Format(time.RFC3339Nano)
+	}
+	ev.Instance = n.opts.Instance
+	select {
+	case s.queue <- queued{ev: ev, once: once, end: end}:
+	default:
+		n.observe(ev.Type, "dropped")
+	}
+}
+
+func newEventID() string {
+	var b [12]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// sender is one destination's queue and goroutine.
+type sender struct {
+	dst   Destination
+	queue chan queued
+}
+
+type queued struct {
+	ev   Event
+	once string
+	end  time.Time
+}
+
+// sender returns dst's sender, starting it on first use; nil when the
+// notifier is closed or has too many destinations.
+func (n *Notifier) sender(dst Destination) *sender {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil
+	}
+	if s := n.senders[dst]; s != nil {
+		return s
+	}
+	if len(n.senders) >= notifyMaxDestinations {
+		return nil
+	}
+	s := &sender{dst: dst, queue: make(chan queued, notifyQueue)}
+	n.senders[dst] = s
+	n.wg.Add(1)
+	go n.run(s)
+	return s
+}
+
+func (n *Notifier) run(s *sender) {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.ctx.Done():
+			for range len(s.queue) {
+				q := <-s.queue
+				n.observe(q.ev.Type, "dropped")
+			}
+			return
+		case q := <-s.queue:
+			if q.once != "" && !n.claim(q.once, q.end) {
+				continue // another instance sent it
+			}
+			n.deliver(s.dst, q.ev)
+		}
+	}
+}
+
+// claim sets the fleet's marker of the event named key; true when this
+// instance set it (or there is no Redis, or Redis fails: better twice
+// than never).
+func (n *Notifier) claim(key string, end time.Time) bool {
+	if n.opts.Client == nil {
+		return true
+	}
+	ttl := time.Until(end)
+	if ttl <= 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, n.opts.Timeout)
+	defer cancel()
+	ok, err := n.opts.Client.SetNX(ctx, n.opts.Prefix+":notified:"+key, n.opts.Instance, ttl).Result()
+	if err != nil {
+		n.opts.Logger.Debug("notify: setting the once marker failed; sending anyway", zap.Error(err))
+		return true
+	}
+	return ok
+}
+
+// deliver tries ev on dst up to Attempts times.
+func (n *Notifier) deliver(dst Destination, ev Event) {
+	body, err := json.Marshal(ev)
+	if err != nil {
+		n.observe(ev.Type, "failed")
+		return
+	}
+	wait := n.opts.Backoff
+	for attempt := 1; ; attempt++ {
+		err := n.post(dst, ev, body)
+		if err == nil {
+			n.observe(ev.Type, "sent")
+			return
+		}
+		if attempt >= n.opts.Attempts || n.ctx.Err() != nil {
+			n.observe(ev.Type, "failed")
+			n.opts.Logger.Warn("notify: giving up on an event", zap.String("event", ev.Type), zap.String("url", dst.URL),
+				zap.Int("attempts", attempt), zap.Error(err))
+			return
+		}
+		n.observe(ev.Type, "retried")
+		// Full jitter: anywhere up to the backoff, so a fleet does not
+		// retry in step.
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(wait)) + 1))
+		select {
+		case <-n.ctx.Done():
+			t.Stop()
+			n.observe(ev.Type, "failed")
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Minute)
+	}
+}
+
+// post makes one attempt.
+func (n *Notifier) post(dst Destination, ev Event, body []byte) error {
+	ctx, cancel := context.WithTimeout(n.ctx, n.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, dst.URL, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	t := strconv.FormatInt(time.Now().Unix(), 10)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "Tollgate-Webhook/1")
+	req.Header.Set("Tollgate-Event", ev.Type)
+	req.Header.Set("Tollgate-Delivery", ev.ID)
+	req.Header.Set("Tollgate-Signature", "t="+t+",v1="+Sign(dst.Secret, t, body))
+	client := n.public
+	if dst.AllowPrivate {
+		client = n.client
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	res.Body.Close()
+	if res.StatusCode < 200 || res.StatusCode > 299 {
+		return fmt.Errorf("%s answered %d", dst.URL, res.StatusCode)
+	}
+	return nil
+}
+
+// PublicAddr reports whether a may be dialed without allow_private: not
+// loopback, private, link-local, multicast, unspecified, nor shared (CGNAT).
+func PublicAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	switch {
+	case a.IsLoopback(), a.IsPrivate(), a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast(),
+		a.IsInterfaceLocalMulticast(), a.IsMulticast(), a.IsUnspecified():
+		return false
+	case a.Is4() && netip.MustParsePrefix("100.64.0.0/10").Contains(a):
+		return false
+	}
+	return true
+}
+
+// Sign is the v1 signature of body sent at t (Unix seconds, as text):
+// hex(HMAC-SHA256(secret, t + "." + body)).
+func Sign(secret, t string, body []byte) string {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(t))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// ErrBadSignature is a signature that does not verify.
+var ErrBadSignature = errors.New("bad signature")
+
+// Verify checks a Tollgate-Signature header against body and secret, and
+// that its time is within tolerance of now: what a receiver does.
+func Verify(header, secret string, body []byte, now time.Time, tolerance time.Duration) error {
+	var t, v1 string
+	for _, part := range splitComma(header) {
+		switch {
+		case len(part) > 2 && part[:2] == "t=":
+			t = part[2:]
+		case len(part) > 3 && part[:3] == "v1=":
+			v1 = part[3:]
+		}
+	}
+	sec, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || v1 == "" {
+		return ErrBadSignature
+	}
+	if d := now.Sub(time.Unix(sec, 0)); d > tolerance || d < -tolerance {
+		return fmt.Errorf("%w: timestamp %s is outside the tolerance", ErrBadSignature, t)
+	}
+	want := Sign(secret, t, body)
+	if !hmac.Equal([]byte(want), []byte(v1)) {
+		return ErrBadSignature
+	}
+	return nil
+}
+
+func splitComma(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return out
+}
+
+func (n *Notifier) observe(event, result string) {
+	if n.opts.Observe != nil {
+		n.opts.Observe(event, result)
+	}
+}
+
+// Close stops the senders: queued events are dropped (and counted), an
+// attempt in flight is cancelled.
+func (n *Notifier) Close() {
+	n.mu.Lock()
+	n.closed = true
+	n.mu.Unlock()
+	n.cancel()
+	n.wg.Wait()
+}
