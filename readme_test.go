@@ -12,6 +12,8 @@ var caddyfileBlock = regexp.MustCompile("(?s)```caddyfile\n(.*?)```")
 // TestReadmeExamplesAdapt: every Caddyfile example in the README and the
 // docs adapts and provisions, so the docs cannot drift from the parser.
 func TestReadmeExamplesAdapt(t *testing.T) {
+	// The notify examples take their secret from the environment.
+	t.Setenv("TOLLGATE_WEBHOOK_SECRET", "whsec-docs")
 	blocks := docCaddyfileBlocks(t)
 	if len(blocks) < 8 {
 		t.Fatalf("found %d caddyfile examples in the docs, want at least 8", len(blocks))

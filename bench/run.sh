@@ -46,6 +46,14 @@ go build -o "$work/caddy" ./cmd/caddy
 
 start_redis
 
+# dead_port: a webhook receiver that accepts connections and never
+# answers (the notify scenario's).
+dead_port=$(free_port)
+python3 -c "import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', $dead_port)); s.listen(4096); time.sleep(10**6)" &
+pids+=($!)
+
 # redis_stat FIELD: a counter of INFO (commandstats or stats).
 redis_stat() {
 	redis-cli -p "$redis_port" info "$1" | tr -d '\r' | awk -v f="$2" '
@@ -125,6 +133,15 @@ redis_block="redis {
 embedded=$(printf "$policy" '' both '')
 embedded_off=$(printf "$policy" '' off '')
 embedded_nohist=$(printf "$policy" '' both 'history off')
+# Webhooks to the dead receiver: every request is past the tiny
+# near_limit threshold, so each checks the notifier's table.
+notify_dead="notify {
+			url http://127.0.0.1:$dead_port/hook
+			secret bench
+			events near_limit 0.000000001 exceeded
+			allow_private
+		}"
+embedded_notify=$(printf "$policy" '' both "$notify_dead")
 strict=$(printf "$policy" "$redis_block" both '')
 strict_nohist=$(printf "$policy" "$redis_block" both 'history off')
 leased=$(printf "$policy" "$redis_block" both 'lease 50')
@@ -152,6 +169,7 @@ all=(
 	"embedded 100"
 	"embedded_headers_off 100"
 	"embedded_history_off 100"
+	"embedded_notify_dead 100"
 	"caddy_ratelimit 100"
 	"redis_rate 100"
 	"redis 100"
@@ -165,6 +183,7 @@ all=(
 declare -A block=(
 	[baseline]="" [embedded]="$embedded" [embedded_headers_off]="$embedded_off"
 	[embedded_history_off]="$embedded_nohist" [redis_history_off]="$strict_nohist"
+	[embedded_notify_dead]="$embedded_notify"
 	[redis]="$strict" [redis_hot]="$strict" [redis_10k]="$strict"
 	[lease]="$leased" [lease_hot]="$leased" [lease_10k]="$leased"
 	[redis_rate]="$redis_rate" [caddy_ratelimit]="$caddy_ratelimit"
@@ -224,6 +243,7 @@ labels = {
     "embedded": "embedded store",
     "embedded_headers_off": "embedded store, `headers off`",
     "embedded_history_off": "embedded store, `history off`",
+    "embedded_notify_dead": "embedded store, webhooks to a receiver that never answers",
     "caddy_ratelimit": "mholt/caddy-ratelimit (in memory, sliding window)",
     "redis_rate": "go-redis/redis_rate (GCRA, one EVALSHA per request)",
     "redis": "Redis, strict (no lease)",
@@ -273,16 +293,17 @@ if lines:
     print("Requests/s against the peers (same round; median, range over rounds):")
     print()
     print("\n".join(lines))
-# The usage history's cost: each scenario against the same without it.
+# The usage history's cost: each scenario against the same without it;
+# and webhooks to a dead receiver against none.
 lines = []
-for name, off in (("embedded", "embedded_history_off"), ("redis", "redis_history_off")):
+for name, off in (("embedded", "embedded_history_off"), ("redis", "redis_history_off"), ("embedded_notify_dead", "embedded")):
     rs = sorted(rps[rnd, name] / rps[rnd, off] for rnd in base if (rnd, name) in rps and (rnd, off) in rps)
     if rs:
         spread = f" ({rs[0]:.2f}–{rs[-1]:.2f})" if len(rs) > 1 else ""
         lines.append(f"- {labels[name]} / {labels[off]}: {med(rs):.2f}{spread}")
 if lines:
     print()
-    print("Usage history on against off (requests/s, same round; median, range over rounds):")
+    print("Against the same without (requests/s, same round; median, range over rounds):")
     print()
     print("\n".join(lines))
 PY

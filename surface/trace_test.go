@@ -33,7 +33,7 @@ func TestTraceAttributes(t *testing.T) {
 	span.End()
 	got := map[string]string{}
 	for _, kv := range rec.Ended()[0].Attributes() {
-		got[string(kv.Key)] = kv.Value.Emit()
+		got[string(kv.Key)] = kv.Value.String()
 	}
 	for k, want := range map[string]string{"rate_limit.decision": "denied", "rate_limit.policy": "alloc_deny", "rate_limit.remaining": "0",
 		"rate_limit.limit": "1", "rate_limit.store": "memory", "rate_limit.lease_hit": "false", "rate_limit.policies": `["alloc_deny"]`} {
