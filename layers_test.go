@@ -20,7 +20,7 @@ var layers = [][]string{
 	{"gate"},
 	{"config", "metrics"},
 	{"fleet"},
-	{"limiter"},
+	{"limiter", "protect"},
 	{"lua"},
 }
 
@@ -34,6 +34,7 @@ var outside = map[string][]string{
 	"internal/caddyreq":  nil,
 	"cmd/caddy":          {"."},
 	"bench/luasrc":       {"lua"},
+	"bench/protectload":  nil,
 	// bench/peers is a module of its own: the peers bench/run.sh measures
 	// Tollgate against, not part of the product.
 	"bench/peers/redisrate": nil,

@@ -47,6 +47,11 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 		"caddy_rate_limit_redis_queue_seconds":       {Kind: "histogram", Labels: nil},
 		"caddy_rate_limit_redis_queue_shed_total":    {Kind: "counter", Labels: nil},
 		"caddy_rate_limit_notifications_total":       {Kind: "counter", Labels: []string{"event", "result"}},
+		"caddy_rate_limit_protect_limit":             {Kind: "gauge", Labels: nil},
+		"caddy_rate_limit_protect_inflight":          {Kind: "gauge", Labels: nil},
+		"caddy_rate_limit_protect_queued":            {Kind: "gauge", Labels: nil},
+		"caddy_rate_limit_protect_wait_seconds":      {Kind: "histogram", Labels: []string{"tier"}},
+		"caddy_rate_limit_shed_total":                {Kind: "counter", Labels: []string{"reason"}},
 		// caddy-ratelimit's families, without its unbounded key label.
 		"caddy_rate_limit_declined_requests_total": {Kind: "counter", Labels: []string{"zone"}},
 		"caddy_rate_limit_process_time_seconds":    {Kind: "histogram", Labels: []string{"zone"}},
@@ -74,7 +79,7 @@ func TestMetricCatalogIsTheDesign(t *testing.T) {
 			t.Errorf("no collector exports %s", name)
 		}
 	}
-	wantDecisions := []string{"allowed", "denied", "shadow_denied", "failed_open", "failed_closed", "fallback_allowed", "fallback_denied", "delayed", "penalty"}
+	wantDecisions := []string{"allowed", "denied", "shadow_denied", "failed_open", "failed_closed", "fallback_allowed", "fallback_denied", "delayed", "penalty", "shed"}
 	if !slices.Equal(metrics.DecisionNames(), wantDecisions) {
 		t.Errorf("decisions %v, want %v", metrics.DecisionNames(), wantDecisions)
 	}

@@ -45,14 +45,17 @@ func (rc *hookReceiver) names() []string {
 	defer rc.mu.Unlock()
 	var out []string
 	for _, ev := range rc.events {
-		s := ev.Type + " " + ev.Tenant
+		parts := []string{ev.Type}
+		if ev.Tenant != "" {
+			parts = append(parts, ev.Tenant)
+		}
 		if ev.Threshold > 0 {
-			s += fmt.Sprint(" ", ev.Threshold)
+			parts = append(parts, fmt.Sprint(ev.Threshold))
 		}
 		if ev.State != "" {
-			s += " " + ev.State
+			parts = append(parts, ev.State)
 		}
-		out = append(out, s)
+		out = append(out, strings.Join(parts, " "))
 	}
 	sort.Strings(out)
 	return out
@@ -138,5 +141,49 @@ func TestBinaryNotifyFleet(t *testing.T) {
 				t.Errorf("near_limit 0.9 payload %+v", ev)
 			}
 		}
+	}
+}
+
+// TestNotifyFailMode: an instance whose Redis stops answering sends
+// fail_mode open when its breaker opens, and fail_mode closed when Redis
+// is back (SIGSTOP, SIGCONT on a real redis-server).
+func TestNotifyFailMode(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	rc := &hookReceiver{secret: "s"}
+	hook := "http://" + newHTTPServer(t, rc)
+	s := startCaddy(t, "", `
+	rate_limit {
+		redis {
+			address `+srv.Addr+`
+			timeout 100ms
+			breaker_failures 1
+			breaker_cooldown 200ms
+		}
+		tenant {http.request.header.X-Tenant}
+		notify {
+			url `+hook+`
+			secret s
+			events fail_mode
+			allow_private
+		}
+		policy fm_api {
+			limit 100
+			window 1m
+			fail open
+		}
+	}
+	respond "ok"`, nil)
+	if r := s.get("/", "X-Tenant", "acme"); r.status != http.StatusOK {
+		t.Fatalf("status %d", r.status)
+	}
+	srv.Pause()
+	if r := s.get("/", "X-Tenant", "acme"); r.status != http.StatusOK {
+		t.Fatalf("fail open: status %d", r.status)
+	}
+	waitFor(t, func() bool { return strings.Join(rc.names(), "|") == "fail_mode open" })
+	srv.Resume()
+	waitFor(t, func() bool { return len(rc.names()) >= 2 })
+	if got := rc.names(); strings.Join(got, "|") != "fail_mode closed|fail_mode open" || rc.bad != 0 {
+		t.Fatalf("events %q, %d bad signatures", got, rc.bad)
 	}
 }

@@ -48,6 +48,7 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 		{Pattern: "/rate_limit/near_limit", Handler: locked(a.nearLimit)},
 		{Pattern: "/rate_limit/penalties", Handler: locked(a.penalties)},
 		{Pattern: "/rate_limit/top", Handler: locked(a.top)},
+		{Pattern: "/rate_limit/protect", Handler: locked(a.protect)},
 		{Pattern: "/rate_limit/", Handler: caddy.AdminHandlerFunc(a.notFound)},
 	}
 }

@@ -60,6 +60,7 @@ import (
 //		storage <module...>
 //		history off | history <minute_retention> <hour_retention>
 //		notify { url <url>; secret <value>; events ...; allow_private; timeout <d> }
+//		protect { min <n>; max <n>; target_wait <d>; weight <tier> <n>; priority <placeholder>; ... }
 //
 //		policy <name> {            # alias: zone
 //			match { <matchers> }
@@ -189,6 +190,7 @@ var handlerBlock = block[*Handler]{
 		h.Notify, err = p.notify()
 		return err
 	}},
+	{name: "protect", usage: protectForm, parse: parseProtect},
 	{name: "log_key", usage: "log_key", repeatable: true, field: "log_key", parse: func(p cfParser, h *Handler) error {
 		h.LogKey = true
 		return p.flag()

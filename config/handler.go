@@ -60,6 +60,10 @@ type Handler struct {
 	// Webhooks for the handler's events (see NotifyConfig).
 	Notify *NotifyConfig `json:"notify,omitempty"`
 
+	// An adaptive concurrency limit with fair queues in front of the
+	// upstream (see ProtectConfig).
+	Protect *ProtectConfig `json:"protect,omitempty"`
+
 	// Per-tenant metric series for the n busiest tenants; the rest are
 	// counted as "_other". 0 disables per-tenant series.
 	MetricsTenants int `json:"metrics_tenants,omitempty"`

@@ -157,6 +157,9 @@ func (h *Handler) validateHandler() error {
 	if err := checkNotify([]string{"notify"}, h.Notify); err != nil {
 		return err
 	}
+	if err := checkProtect(h.Protect); err != nil {
+		return err
+	}
 	if d := h.Distributed; d != nil {
 		for _, f := range []struct {
 			field string

@@ -10,6 +10,7 @@ package gate
 import (
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/limiter"
+	"github.com/tollgate/caddy-tollgate/protect"
 )
 
 // Gate is one provisioned rate_limit handler.
@@ -24,6 +25,9 @@ type Gate struct {
 	// Signals hears what the admin API changes, for the handler's
 	// webhooks; nil: nobody listens.
 	Signals Signals
+	// Protection is the handler's adaptive limit (protect); nil without
+	// one.
+	Protection *protect.Limiter
 }
 
 // Signals is told of changes made outside requests.

@@ -19,6 +19,7 @@ const (
 	decisionFallbackDenied
 	decisionDelayed
 	decisionPenalty
+	decisionShed
 	numDecisions
 )
 
@@ -32,6 +33,7 @@ var decisionNames = [numDecisions]string{
 	decisionFallbackDenied:  "fallback_denied",
 	decisionDelayed:         "delayed",
 	decisionPenalty:         "penalty",
+	decisionShed:            "shed",
 }
 
 // sourceLabel is the source label of caddy_rate_limit_decision_duration_seconds.

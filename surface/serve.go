@@ -121,6 +121,9 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		st.readBody = st.readBody || p.costBefore != nil || (p.meter != nil && p.meter.Preset != 0)
 	}
 	if len(st.items) == 0 {
+		if h.protection != nil {
+			return h.serveProtected(w, r, repl, next, st, tenant)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	if st.readBody {
@@ -171,6 +174,18 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		// back when the rest of the chain returns, panics included.
 		defer h.release(r, d)
 	}
+	if h.protection != nil {
+		if h.Tenant == "" {
+			tenant = st.items[0].Tenant // the key is the tenant
+		}
+		return h.serveProtected(w, r, repl, next, st, tenant)
+	}
+	return h.serveAdmitted(w, r, next, st)
+}
+
+// serveAdmitted passes an admitted request on: through the metered
+// writer, the outcome writer, or as it is.
+func (h *Server) serveAdmitted(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, st *requestState) error {
 	if st.metered {
 		return h.serveMetered(w, r, next, st)
 	}

@@ -49,6 +49,8 @@ type Server struct {
 	penalties bool
 	// notifies: some policy sends webhooks (notify).
 	notifies bool
+	// protection is the protect block's limiter; nil without one.
+	protection *protection
 }
 
 var _ gate.Signals = (*Server)(nil)
@@ -71,6 +73,7 @@ func New(ctx caddy.Context, cfg *config.Handler, g *gate.Gate) (*Server, error) 
 		return nil, err
 	}
 	h.drains = newDrainer(cfg, h.metrics)
+	h.provisionProtect()
 	// Events go to the events app when one is configured, which every
 	// subscription does; without it nobody could receive them.
 	if events, err := ctx.AppIfConfigured("events"); err == nil {
@@ -84,5 +87,6 @@ func New(ctx caddy.Context, cfg *config.Handler, g *gate.Gate) (*Server, error) 
 
 // Close lets go of what the server holds (its tenant series).
 func (h *Server) Close() {
+	h.closeProtect()
 	h.cleanupMetrics()
 }

@@ -1,0 +1,548 @@
+// Package protect is an adaptive concurrency limit with fair queues: it
+// keeps the requests in flight to an upstream near what the upstream can
+// take right now, and when the limit is reached, queues the rest per
+// tenant and serves them fairly, weighted by tier, shedding what waits
+// too long. No Caddy, no I/O: package surface puts it in front of the
+// rest of the handler chain.
+//
+// The limit follows the upstream's latency, per instance (the loop reacts
+// within a few hundred milliseconds; a shared store would add a round
+// trip to each decision and lag behind). Every update period it compares
+// the period's average latency with a baseline, the lowest latency seen
+// recently:
+//
+//	gradient = clamp(tolerance × baseline / latency, 0.5, 1)
+//	limit    = (1 - smoothing) × limit + smoothing × (limit × gradient + growth)
+//
+// growth is added only while the limit is in use (in flight ≥ 90% of
+// it): an idle upstream does not earn a higher limit. The baseline
+// follows a lower latency at once and a higher one slowly: 1% a second
+// while the limit is not in use, 0.05% a second while it is, so an
+// overload cannot teach it that the latency it causes is normal (the way
+// Gradient2's long average grows without bound under moderate
+// overload); and nothing ever lowers the limit to measure it (Envoy's
+// periodic minRTT window and its 503s). A failed request (the upstream's
+// 5xx or 429, or an error) multiplies the limit by 0.9, at most once per
+// period. The limit stays within [Min, Max].
+//
+// Fairness: a request that finds the limit reached waits in its tenant's
+// queue. When a slot frees, the next request is the one with the
+// smallest virtual finish time (weighted fair queuing): each request of a
+// tenant of weight w advances that tenant's virtual time by 1/w, starting
+// from the queue's virtual time when the tenant was idle. A tenant alone
+// gets every free slot; a flooding tenant gets its weight's share while
+// others wait. Within a tenant, critical requests go first and
+// sheddable ones last.
+//
+// Shedding, CoDel style, per tenant: when a request leaves its tenant's
+// queue after waiting longer than TargetWait, and that tenant's waits have
+// been above the target for a whole Interval, it is shed instead of served (and so are the next ones
+// above the target, until a wait is below it): a queue that drains in
+// time is never shed, however long. A request also gives up after
+// MaxWait, and a tenant's queue holds at most QueueLimit requests.
+// Sheddable requests count as waiting twice as long, critical ones half.
+package protect
+
+import (
+	"cmp"
+	"container/heap"
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Priority is a request's criticality.
+type Priority uint8
+
+// Priorities, most shed first.
+const (
+	Sheddable Priority = iota
+	Normal
+	Critical
+	numPriorities
+)
+
+// ParsePriority reads a priority placeholder's value: "critical",
+// "sheddable" (or "low"), anything else normal.
+func ParsePriority(s string) Priority {
+	switch s {
+	case "critical", "high":
+		return Critical
+	case "sheddable", "low":
+		return Sheddable
+	}
+	return Normal
+}
+
+// Reasons a request is shed.
+const (
+	ReasonWait      = "wait"       // waited longer than the target while waits kept growing
+	ReasonTimeout   = "timeout"    // waited MaxWait
+	ReasonQueueFull = "queue_full" // its tenant's queue was full
+)
+
+// ShedError is a request shed, and why.
+type ShedError struct{ Reason string }
+
+func (e *ShedError) Error() string { return "protect: request shed (" + e.Reason + ")" }
+
+// ErrClosed is a request to a closed limiter.
+var ErrClosed = errors.New("protect: closed")
+
+// Options configure a Limiter.
+type Options struct {
+	// Min, Max and Initial bound and start the limit (defaults 1, 1000,
+	// 20).
+	Min, Max, Initial int
+	// Tolerance is how much slower than the baseline the upstream may be
+	// before the limit shrinks (default 1.1).
+	Tolerance float64
+	// Smoothing is how much of each update's new limit is taken (0 to 1,
+	// default 0.2).
+	Smoothing float64
+	// UpdateEvery is the update period (default 100ms).
+	UpdateEvery time.Duration
+	// TargetWait and Interval are CoDel's (defaults 20ms, 100ms).
+	TargetWait, Interval time.Duration
+	// MaxWait bounds any wait (default 10 × TargetWait + Interval).
+	MaxWait time.Duration
+	// QueueLimit bounds each tenant's queue (default 4 × Max).
+	QueueLimit int
+	// Weight is a tier's weight (default 1 for unknown tiers).
+	Weight func(tier string) int
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+func (o *Options) defaults() {
+	if o.Min <= 0 {
+		o.Min = 1
+	}
+	if o.Max <= 0 {
+		o.Max = 1000
+	}
+	if o.Initial <= 0 {
+		o.Initial = 20
+	}
+	o.Initial = min(max(o.Initial, o.Min), o.Max)
+	if o.Tolerance < 1 {
+		o.Tolerance = 1.1
+	}
+	if o.Smoothing <= 0 || o.Smoothing > 1 {
+		o.Smoothing = 0.2
+	}
+	if o.UpdateEvery <= 0 {
+		o.UpdateEvery = 100 * time.Millisecond
+	}
+	if o.TargetWait <= 0 {
+		o.TargetWait = 20 * time.Millisecond
+	}
+	if o.Interval <= 0 {
+		o.Interval = 100 * time.Millisecond
+	}
+	if o.MaxWait <= 0 {
+		o.MaxWait = 10*o.TargetWait + o.Interval
+	}
+	if o.QueueLimit <= 0 {
+		o.QueueLimit = 4 * o.Max
+	}
+	if o.Weight == nil {
+		o.Weight = func(string) int { return 1 }
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Limiter is one upstream's adaptive limit and queues. Safe for
+// concurrent use.
+type Limiter struct {
+	o Options
+
+	mu       sync.Mutex
+	limit    float64
+	inflight int
+	// The latency samples of the current period, the baseline, and when
+	// the period started.
+	sum        time.Duration
+	samples    int
+	peak       int // most in flight during the period
+	failed     bool
+	baseline   time.Duration
+	periodFrom time.Time
+	// Queues: tenants with waiting requests, by their head's finish.
+	tenants map[string]*tenantQueue
+	ready   tenantHeap
+	vtime   float64
+	queued  int
+	closed  bool
+}
+
+// New returns a Limiter.
+func New(o Options) *Limiter {
+	o.defaults()
+	return &Limiter{o: o, limit: float64(o.Initial), tenants: map[string]*tenantQueue{}, periodFrom: o.Now()}
+}
+
+// waiter is a queued request.
+type waiter struct {
+	tenant   *tenantQueue
+	prio     Priority
+	finish   float64
+	enqueued time.Time
+	// done gets the outcome: nil (a slot), or a *ShedError.
+	done chan error
+}
+
+// tenantQueue is a tenant's waiting requests, a FIFO per priority.
+type tenantQueue struct {
+	name   string
+	weight float64
+	vtime  float64 // the finish of its last request
+	fifo   [numPriorities][]*waiter
+	n      int
+	index  int // in the ready heap, -1 when not in it
+	// CoDel, per tenant: since when this tenant's waits have been above
+	// the target (zero: they are not), and whether it is shedding. A
+	// flooding tenant's queue sheds; a light tenant's, served in its
+	// turn, does not.
+	aboveSince time.Time
+	dropping   bool
+}
+
+func (q *tenantQueue) head() *waiter {
+	for p := Critical; ; p-- {
+		if len(q.fifo[p]) > 0 {
+			return q.fifo[p][0]
+		}
+		if p == Sheddable {
+			return nil
+		}
+	}
+}
+
+func (q *tenantQueue) pop() *waiter {
+	for p := Critical; ; p-- {
+		if len(q.fifo[p]) > 0 {
+			w := q.fifo[p][0]
+			q.fifo[p][0] = nil
+			q.fifo[p] = q.fifo[p][1:]
+			q.n--
+			return w
+		}
+		if p == Sheddable {
+			return nil
+		}
+	}
+}
+
+// tenantHeap orders tenants by their head request's finish.
+type tenantHeap []*tenantQueue
+
+func (h tenantHeap) Len() int { return len(h) }
+func (h tenantHeap) Less(i, j int) bool {
+	return h[i].head().finish < h[j].head().finish
+}
+func (h tenantHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *tenantHeap) Push(x any) {
+	q := x.(*tenantQueue)
+	q.index = len(*h)
+	*h = append(*h, q)
+}
+func (h *tenantHeap) Pop() any {
+	old := *h
+	q := old[len(old)-1]
+	old[len(old)-1] = nil
+	q.index = -1
+	*h = old[:len(old)-1]
+	return q
+}
+
+// Slot is a request's place in flight; Release it when the upstream has
+// answered.
+type Slot struct {
+	l     *Limiter
+	start time.Time
+}
+
+// Acquire returns a slot for a request of tenant (in tier, of priority
+// prio) at once when the limit allows, else waits in the tenant's queue
+// until a slot is its turn, the request is shed (*ShedError), or ctx
+// ends. With shadow set it never waits: the second result reports that
+// the request would have had to queue.
+func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priority, shadow bool) (*Slot, bool, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, false, ErrClosed
+	}
+	now := l.o.Now()
+	if l.queued == 0 && l.inflight < int(l.limit) {
+		return l.takeLocked(now), false, nil
+	}
+	if shadow {
+		s := l.takeLocked(now)
+		return s, true, nil
+	}
+	q := l.tenants[tenant]
+	if q == nil {
+		q = &tenantQueue{name: tenant, weight: float64(max(l.o.Weight(tier), 1)), index: -1, vtime: l.vtime}
+		l.tenants[tenant] = q
+	}
+	if q.n >= l.o.QueueLimit {
+		l.mu.Unlock()
+		return nil, false, &ShedError{ReasonQueueFull}
+	}
+	start := max(q.vtime, l.vtime)
+	w := &waiter{tenant: q, prio: prio, finish: start + 1/q.weight, enqueued: now, done: make(chan error, 1)}
+	q.vtime = w.finish
+	q.fifo[prio] = append(q.fifo[prio], w)
+	q.n++
+	l.queued++
+	if q.index < 0 {
+		heap.Push(&l.ready, q)
+	} else {
+		heap.Fix(&l.ready, q.index)
+	}
+	l.mu.Unlock()
+
+	t := time.NewTimer(l.o.MaxWait)
+	defer t.Stop()
+	select {
+	case err := <-w.done:
+		if err != nil {
+			return nil, false, err
+		}
+		return &Slot{l: l, start: l.o.Now()}, false, nil
+	case <-t.C:
+		return nil, false, l.abandon(w, &ShedError{ReasonTimeout})
+	case <-ctx.Done():
+		return nil, false, l.abandon(w, ctx.Err())
+	}
+}
+
+// takeLocked counts a request in flight and unlocks.
+func (l *Limiter) takeLocked(now time.Time) *Slot {
+	l.inflight++
+	l.peak = max(l.peak, l.inflight)
+	l.mu.Unlock()
+	return &Slot{l: l, start: now}
+}
+
+// abandon takes w out of its queue (it timed out or its client left);
+// when a slot was handed to it meanwhile, the slot is given back.
+func (l *Limiter) abandon(w *waiter, why error) error {
+	l.mu.Lock()
+	q := w.tenant
+	for p := range q.fifo {
+		for i, x := range q.fifo[p] {
+			if x == w {
+				q.fifo[p] = append(q.fifo[p][:i], q.fifo[p][i+1:]...)
+				q.n--
+				l.queued--
+				l.fixLocked(q)
+				l.mu.Unlock()
+				return why
+			}
+		}
+	}
+	l.mu.Unlock()
+	// Already dequeued: a slot or a shed is in done.
+	if err := <-w.done; err != nil {
+		return err
+	}
+	(&Slot{l: l, start: l.o.Now()}).release(0, false, false)
+	return why
+}
+
+// fixLocked puts q back in order, or out of the heap when it is empty.
+func (l *Limiter) fixLocked(q *tenantQueue) {
+	switch {
+	case q.n == 0 && q.index >= 0:
+		heap.Remove(&l.ready, q.index)
+		delete(l.tenants, q.name)
+	case q.n == 0:
+		delete(l.tenants, q.name)
+	case q.index >= 0:
+		heap.Fix(&l.ready, q.index)
+	}
+}
+
+// Release gives the slot back. latency is how long the upstream took;
+// failed says it failed (5xx, 429, an error).
+func (s *Slot) Release(latency time.Duration, failed bool) {
+	s.release(latency, failed, true)
+}
+
+func (s *Slot) release(latency time.Duration, failed, sample bool) {
+	l := s.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inflight--
+	now := l.o.Now()
+	switch {
+	case sample && failed:
+		// A failure says nothing of the latency (an overloaded upstream
+		// refuses fast): it only shrinks the limit.
+		l.failed = true
+	case sample:
+		l.sum += latency
+		l.samples++
+	}
+	if now.Sub(l.periodFrom) >= l.o.UpdateEvery {
+		l.updateLocked(now)
+	}
+	l.dispatchLocked(now)
+}
+
+// updateLocked ends the period: the baseline and the limit.
+func (l *Limiter) updateLocked(now time.Time) {
+	defer func() {
+		l.sum, l.samples, l.failed, l.peak, l.periodFrom = 0, 0, false, l.inflight, now
+	}()
+	if l.samples == 0 {
+		if l.failed {
+			l.limit = max(l.limit*0.9, float64(l.o.Min))
+		}
+		return
+	}
+	avg := l.sum / time.Duration(l.samples)
+	switch {
+	case l.baseline == 0 || avg < l.baseline:
+		l.baseline = avg
+	default:
+		// Up by 1% a second while the limit is not in use (the latency
+		// is the upstream's own, not the load's), by 0.05% a second
+		// while it is: a lasting change of the upstream is learnt in a
+		// minute when traffic allows, a few minutes under overload; an
+		// overload cannot teach it that its own latency is normal.
+		rate := 0.0005
+		if float64(l.peak) < 0.5*l.limit {
+			rate = 0.01
+		}
+		step := time.Duration(float64(l.baseline) * rate * now.Sub(l.periodFrom).Seconds())
+		l.baseline += max(step, 1)
+	}
+	next := l.limit
+	if l.failed {
+		next = l.limit * 0.9
+	} else {
+		g := l.o.Tolerance * float64(l.baseline) / float64(avg)
+		g = min(max(g, 0.5), 1)
+		grow := 0.0
+		if g >= 1 && float64(l.peak) >= 0.9*l.limit {
+			grow = math.Sqrt(l.limit)
+		}
+		next = l.limit*g + grow
+	}
+	l.limit = (1-l.o.Smoothing)*l.limit + l.o.Smoothing*next
+	l.limit = min(max(l.limit, float64(l.o.Min)), float64(l.o.Max))
+}
+
+// dispatchLocked hands free slots to queued requests, fairest first,
+// shedding those CoDel drops.
+func (l *Limiter) dispatchLocked(now time.Time) {
+	for l.queued > 0 && l.inflight < int(l.limit) {
+		q := l.ready[0]
+		w := q.pop()
+		l.queued--
+		if q.n == 0 {
+			heap.Pop(&l.ready)
+			delete(l.tenants, q.name)
+		} else {
+			heap.Fix(&l.ready, 0)
+		}
+		l.vtime = max(l.vtime, w.finish-1/q.weight)
+		if q.shed(w, now, l.o.TargetWait, l.o.Interval) {
+			w.done <- &ShedError{ReasonWait}
+			continue
+		}
+		l.inflight++
+		l.peak = max(l.peak, l.inflight)
+		w.done <- nil
+	}
+}
+
+// shed is CoDel's decision for w, leaving q now.
+func (q *tenantQueue) shed(w *waiter, now time.Time, target, interval time.Duration) bool {
+	wait := now.Sub(w.enqueued)
+	switch w.prio {
+	case Sheddable:
+		wait *= 2
+	case Critical:
+		wait /= 2
+	}
+	if wait < target {
+		q.aboveSince, q.dropping = time.Time{}, false
+		return false
+	}
+	if q.aboveSince.IsZero() {
+		q.aboveSince = now
+		return false
+	}
+	if !q.dropping && now.Sub(q.aboveSince) < interval {
+		return false
+	}
+	q.dropping = true
+	return true
+}
+
+// Stats is a Limiter's state.
+type Stats struct {
+	Limit    int
+	InFlight int
+	Queued   int
+	// Tenants is the number of tenants with queued requests.
+	Tenants  int
+	Baseline time.Duration
+}
+
+// Stats returns the limiter's state now.
+func (l *Limiter) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return Stats{Limit: int(l.limit), InFlight: l.inflight, Queued: l.queued, Tenants: len(l.ready), Baseline: l.baseline}
+}
+
+// TenantQueue is one tenant's waiting requests.
+type TenantQueue struct {
+	Tenant string
+	Queued int
+	Weight float64
+}
+
+// Queues returns up to n tenants with waiting requests, most waiting
+// first.
+func (l *Limiter) Queues(n int) []TenantQueue {
+	l.mu.Lock()
+	out := make([]TenantQueue, 0, len(l.ready))
+	for _, q := range l.ready {
+		out = append(out, TenantQueue{Tenant: q.name, Queued: q.n, Weight: q.weight})
+	}
+	l.mu.Unlock()
+	slices.SortFunc(out, func(a, b TenantQueue) int {
+		return cmp.Or(cmp.Compare(b.Queued, a.Queued), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	return out[:min(n, len(out))]
+}
+
+// Close sheds every queued request; later Acquires fail.
+func (l *Limiter) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	for len(l.ready) > 0 {
+		q := heap.Pop(&l.ready).(*tenantQueue)
+		for w := q.pop(); w != nil; w = q.pop() {
+			w.done <- ErrClosed
+			l.queued--
+		}
+	}
+	clear(l.tenants)
+}

@@ -1,0 +1,311 @@
+package protect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a clock the test moves.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// TestAdaptsToCapacity simulates an upstream whose latency is flat (20
+// ms) up to C requests in flight and grows in proportion beyond, under a
+// load that always fills the limit: the limit settles between 0.9 C and
+// 1.2 C, and when C halves it follows within 5 s.
+func TestAdaptsToCapacity(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	l := New(Options{Min: 2, Max: 1000, Initial: 10, Now: clk.now})
+	capacity := 100
+	type req struct {
+		s   *Slot
+		end time.Time
+	}
+	var inflight []req
+	step := time.Millisecond
+	run := func(d time.Duration) (maxInflight int) {
+		for end := clk.now().Add(d); clk.now().Before(end); clk.add(step) {
+			now := clk.now()
+			kept := inflight[:0]
+			for _, r := range inflight {
+				if !now.Before(r.end) {
+					r.s.Release(r.end.Sub(r.s.start), false)
+				} else {
+					kept = append(kept, r)
+				}
+			}
+			inflight = kept
+			for {
+				s, _, err := tryAcquire(l)
+				if err != nil {
+					break
+				}
+				n := len(inflight) + 1
+				lat := 20 * time.Millisecond
+				if n > capacity {
+					lat = lat * time.Duration(n) / time.Duration(capacity)
+				}
+				inflight = append(inflight, req{s, now.Add(lat)})
+			}
+			maxInflight = max(maxInflight, len(inflight))
+		}
+		return maxInflight
+	}
+	run(20 * time.Second)
+	peak := run(10 * time.Second)
+	if lim := l.Stats().Limit; lim < 90 || lim > 120 || peak > 120 {
+		t.Fatalf("capacity 100: limit %d, peak in flight %d, want 90 to 120", lim, peak)
+	}
+	capacity = 50
+	run(5 * time.Second)
+	if lim := l.Stats().Limit; lim > 60 {
+		t.Fatalf("5 s after the capacity halved: limit %d, want at most 60", lim)
+	}
+	run(10 * time.Second)
+	if lim := l.Stats().Limit; lim < 45 || lim > 60 {
+		t.Fatalf("capacity 50: limit %d, want 45 to 60", lim)
+	}
+}
+
+// TestFastFailuresDoNotTeachTheBaseline: an upstream that refuses fast
+// when overloaded (a 503 in microseconds) shrinks the limit, and its
+// refusals do not become the latency baseline (which would pin the limit
+// to its floor).
+func TestFastFailuresDoNotTeachTheBaseline(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	l := New(Options{Min: 2, Max: 100, Initial: 40, Now: clk.now})
+	for range 20 { // 2 s of 200 ms answers at 40 in flight
+		for range 40 {
+			s, _, _ := tryAcquire(l)
+			clk.add(2500 * time.Microsecond)
+			s.Release(200*time.Millisecond, false)
+		}
+	}
+	before := l.Stats()
+	for range 5 { // then fast refusals
+		for range 40 {
+			s, _, _ := tryAcquire(l)
+			clk.add(2500 * time.Microsecond)
+			s.Release(50*time.Microsecond, true)
+		}
+	}
+	after := l.Stats()
+	if after.Baseline != before.Baseline || after.Limit >= before.Limit {
+		t.Fatalf("before %+v, after %+v: want the baseline kept and the limit lower", before, after)
+	}
+}
+
+// tryAcquire takes a slot only when one is free now (the simulation
+// never queues).
+func tryAcquire(l *Limiter) (*Slot, bool, error) {
+	l.mu.Lock()
+	if l.inflight >= int(l.limit) {
+		l.mu.Unlock()
+		return nil, false, errors.New("full")
+	}
+	return l.takeLocked(l.o.Now()), false, nil
+}
+
+// TestFairShare: with the limit reached, a flooding tenant queued first
+// gets its weight's share of the freed slots while others wait: with
+// weights 1 (flood), 1 and 2, the slots go 1:1:2.
+func TestFairShare(t *testing.T) {
+	weights := map[string]int{"free": 1, "gold": 2}
+	l := New(Options{Min: 1, Max: 1, Initial: 1, MaxWait: time.Minute, TargetWait: time.Minute, QueueLimit: 100,
+		Weight: func(tier string) int { return weights[tier] }})
+	first, _, err := l.Acquire(context.Background(), "flood", "free", Normal, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	enqueue := func(tenant, tier string, n int) {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, _, err := l.Acquire(context.Background(), tenant, tier, Normal, false)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				order = append(order, tenant)
+				mu.Unlock()
+				s.Release(time.Millisecond, false)
+			}()
+		}
+	}
+	// The flood queues 40 first, then the others 20 each.
+	for i := range 40 {
+		enqueue("flood", "free", 1)
+		waitFor(t, func() bool { return l.Stats().Queued == i+1 })
+	}
+	for i := range 20 {
+		enqueue("light", "free", 1)
+		enqueue("gold", "gold", 1)
+		waitFor(t, func() bool { return l.Stats().Queued == 40+2*(i+1) })
+	}
+	first.Release(time.Millisecond, false)
+	wg.Wait()
+	// The first 40 served after the others arrived: 10 flood, 10 light,
+	// 20 gold (the order is by virtual finish time; the flood had queued
+	// first but gets its share).
+	counts := map[string]int{}
+	for _, tenant := range order[:40] {
+		counts[tenant]++
+	}
+	if counts["flood"] > 12 || counts["light"] < 9 || counts["gold"] < 18 {
+		t.Fatalf("first 40 slots: %v (order %v)", counts, order)
+	}
+}
+
+// TestAloneTakesAll: a tenant alone is never queued below the limit, and
+// queued requests are served in arrival order when nobody else waits.
+func TestAloneTakesAll(t *testing.T) {
+	l := New(Options{Min: 5, Max: 5, Initial: 5})
+	var slots []*Slot
+	for range 5 {
+		s, _, err := l.Acquire(context.Background(), "solo", "", Normal, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots, s)
+	}
+	if st := l.Stats(); st.InFlight != 5 || st.Queued != 0 {
+		t.Fatalf("%+v", st)
+	}
+	for _, s := range slots {
+		s.Release(time.Millisecond, false)
+	}
+}
+
+// TestCoDel: a queue that drains within the target is never shed, however
+// long; waits above the target for a whole interval are shed.
+func TestCoDel(t *testing.T) {
+	l := New(Options{Min: 1, Max: 1, Initial: 1, TargetWait: 20 * time.Millisecond, Interval: 50 * time.Millisecond, MaxWait: 5 * time.Second, QueueLimit: 100})
+	hold, _, _ := l.Acquire(context.Background(), "a", "", Normal, false)
+	results := make(chan error, 20)
+	for range 20 {
+		go func() {
+			s, _, err := l.Acquire(context.Background(), "a", "", Normal, false)
+			if err == nil {
+				time.Sleep(15 * time.Millisecond) // slower than the queue can bear
+				s.Release(15*time.Millisecond, false)
+			}
+			results <- err
+		}()
+	}
+	waitFor(t, func() bool { return l.Stats().Queued == 20 })
+	hold.Release(time.Millisecond, false)
+	shed, served := 0, 0
+	for range 20 {
+		var se *ShedError
+		switch err := <-results; {
+		case err == nil:
+			served++
+		case errors.As(err, &se) && se.Reason == ReasonWait:
+			shed++
+		default:
+			t.Fatalf("unexpected %v", err)
+		}
+	}
+	if shed == 0 || served < 3 {
+		t.Fatalf("served %d, shed %d: want some of each", served, shed)
+	}
+}
+
+// TestQueueLimitAndTimeout: a full queue sheds at once; a request waits
+// at most MaxWait; a client that leaves takes its place back.
+func TestQueueLimitAndTimeout(t *testing.T) {
+	l := New(Options{Min: 1, Max: 1, Initial: 1, QueueLimit: 2, MaxWait: 50 * time.Millisecond, TargetWait: time.Second})
+	hold, _, _ := l.Acquire(context.Background(), "a", "", Normal, false)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { _, _, err := l.Acquire(context.Background(), "a", "", Normal, false); errs <- err }()
+	}
+	waitFor(t, func() bool { return l.Stats().Queued == 2 })
+	var se *ShedError
+	if _, _, err := l.Acquire(context.Background(), "a", "", Normal, false); !errors.As(err, &se) || se.Reason != ReasonQueueFull {
+		t.Fatalf("third queued: %v", err)
+	}
+	for range 2 {
+		if err := <-errs; !errors.As(err, &se) || se.Reason != ReasonTimeout {
+			t.Fatalf("after MaxWait: %v", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
+	if _, _, err := l.Acquire(ctx, "b", "", Normal, false); !errors.Is(err, context.Canceled) {
+		t.Fatalf("client gone: %v", err)
+	}
+	if st := l.Stats(); st.Queued != 0 || st.InFlight != 1 {
+		t.Fatalf("after: %+v", st)
+	}
+	hold.Release(time.Millisecond, false)
+	if s, wouldQueue, err := l.Acquire(context.Background(), "a", "", Normal, true); err != nil || wouldQueue {
+		t.Fatalf("shadow below the limit: %v %v", wouldQueue, err)
+	} else {
+		_, wq, _ := l.Acquire(context.Background(), "a", "", Normal, true)
+		if !wq {
+			t.Fatal("shadow at the limit: not reported as would-queue")
+		}
+		s.Release(0, false)
+	}
+}
+
+// TestPriority: critical requests of a tenant go before its normal and
+// sheddable ones.
+func TestPriority(t *testing.T) {
+	l := New(Options{Min: 1, Max: 1, Initial: 1, MaxWait: time.Minute, TargetWait: time.Minute})
+	hold, _, _ := l.Acquire(context.Background(), "a", "", Normal, false)
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	for i, p := range []Priority{Sheddable, Normal, Critical} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, _, err := l.Acquire(context.Background(), "a", "", p, false)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, fmt.Sprint(p))
+			mu.Unlock()
+			s.Release(0, false)
+		}()
+		waitFor(t, func() bool { return l.Stats().Queued == i+1 })
+	}
+	hold.Release(0, false)
+	wg.Wait()
+	if fmt.Sprint(order) != "[2 1 0]" {
+		t.Fatalf("order %v, want critical, normal, sheddable", order)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

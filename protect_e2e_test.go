@@ -1,0 +1,93 @@
+package tollgate
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestProtect: with the limit at 1 request in flight, a second request
+// waits for the first and passes; a tenant's queue beyond queue_limit is
+// shed at once with 503 and Retry-After, its rate-limit units given back;
+// the metrics and the admin API show the limiter; a request the rate
+// limits deny never takes a slot.
+func TestProtect(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	inflight, most := 0, 0
+	upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inflight++
+		most = max(most, inflight)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		inflight--
+		mu.Unlock()
+	}))
+	s := startCaddyAdmin(t, "", `
+	handle /metrics {
+		metrics
+	}
+	handle {
+		rate_limit {
+			tenant {http.request.header.X-Tenant}
+			policy pr_api {
+				limit 3
+				window 1h
+			}
+			protect {
+				min 1
+				max 1
+				initial 1
+				queue_limit 1
+				max_wait 10s
+				target_wait 10s
+			}
+		}
+		reverse_proxy `+upstream+`
+	}`, nil)
+	s.adminOK("POST", "/rate_limit/reset?tenant=pr_a", "")
+	results := make(chan int, 2)
+	for range 2 {
+		go func() { results <- s.get("/", "X-Tenant", "pr_a").status }()
+	}
+	waitFor(t, func() bool {
+		m := s.adminOK("GET", "/rate_limit/protect", "")
+		h := m["handlers"].([]any)
+		return len(h) == 1 && h[0].(map[string]any)["in_flight"] == 1.0 && h[0].(map[string]any)["queued"] == 1.0
+	})
+	// The queue is full: shed at once.
+	r := s.get("/", "X-Tenant", "pr_a")
+	if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") != "1" {
+		t.Fatalf("shed: %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
+	}
+	close(release)
+	for range 2 {
+		if st := <-results; st != http.StatusOK {
+			t.Fatalf("queued request: %d", st)
+		}
+	}
+	if most != 1 {
+		t.Errorf("%d requests in flight at the upstream, limit 1", most)
+	}
+	// The shed request's unit was given back: 2 of 3 used.
+	u := s.adminOK("GET", "/rate_limit/usage?tenant=pr_a&policy=pr_api", "")
+	if got := adminPolicy(t, u, "pr_api")["remaining"]; got != 1.0 {
+		t.Errorf("remaining %v, want 1 (the shed request costs nothing)", got)
+	}
+	// Denied by the rate limit: 429, no slot.
+	s.get("/", "X-Tenant", "pr_a")
+	if r := s.get("/", "X-Tenant", "pr_a"); r.status != http.StatusTooManyRequests {
+		t.Fatalf("over the rate limit: %d", r.status)
+	}
+	m := scrapeMetrics(t, s.base+"/metrics")
+	if m.value("caddy_rate_limit_shed_total", "reason", "queue_full") < 1 || m.value("caddy_rate_limit_protect_limit") != 1 ||
+		m.value("caddy_rate_limit_requests_total", "policy", "protect", "decision", "shed") < 1 {
+		t.Errorf("metrics: shed %v, limit %v", m.value("caddy_rate_limit_shed_total", "reason", "queue_full"), m.value("caddy_rate_limit_protect_limit"))
+	}
+	if !strings.Contains(m.text, "caddy_rate_limit_protect_inflight") {
+		t.Error("no protect_inflight gauge")
+	}
+}
