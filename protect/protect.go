@@ -429,7 +429,7 @@ func (l *Limiter) updateLocked(now time.Time) {
 		step := time.Duration(float64(l.baseline) * rate * now.Sub(l.periodFrom).Seconds())
 		l.baseline += max(step, 1)
 	}
-	next := l.limit
+	var next float64
 	if l.failed {
 		next = l.limit * 0.9
 	} else {
