@@ -1,14 +1,11 @@
 // Package tollgate is the Caddy module http.handlers.rate_limit (Caddyfile
-// directive rate_limit) and its admin API, admin.api.rate_limit: per-tenant,
-// per-endpoint request budgets, exact across a fleet of Caddy servers that
-// share a Redis, or on an embedded in-process store.
+// directive rate_limit): per-tenant request budgets, exact across a fleet
+// of Caddy servers that share a Redis, or on an embedded in-process store;
+// with it come the admin API (admin.api.rate_limit) and the tenant's own
+// view (http.handlers.rate_limit_usage).
 //
-// This package only translates between Caddy and the engine. It reads the
-// configuration (config.go, caddyfile.go), validates it in one place
-// (validate.go), maps each request onto the engine's items (request.go),
-// answers with headers, placeholders, logs and events (respond.go), and
-// exports metrics (metrics.go) and admin routes (admin.go). Deciding is the
-// job of package limiter; what instances on one Redis share (connections,
-// the store stack, runtime overrides, the denial stream) is package fleet.
-// ARCHITECTURE.md walks through a request.
+// This package holds no rule of its own: it registers the module, builds a
+// handler's parts from its validated configuration in Provision, hands each
+// request to them, and lets them go in Cleanup. ARCHITECTURE.md maps the
+// layers below it and walks through a request.
 package tollgate

@@ -18,6 +18,7 @@ import (
 	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/metrics"
+
 	// The tenant's own view, http.handlers.rate_limit_usage.
 	_ "github.com/tollgate/caddy-tollgate/portal"
 	"github.com/tollgate/caddy-tollgate/surface"
@@ -111,7 +112,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 func (h *Handler) openStore(ctx caddy.Context) (gate.Store, error) {
 	if h.Redis != nil {
 		o := gate.RedisOptions{
-			Backend:       h.Redis.BackendOptions(h.logger),
+			Backend:       gate.BackendOptions(h.Redis, h.logger),
 			Hooks:         fleet.Hooks{Logger: h.logger},
 			DenialsStream: h.DenialsStream,
 			History:       h.historyOptions(),
@@ -210,7 +211,11 @@ func (h *Handler) Cleanup() error {
 	return errors.Join(errs...)
 }
 
+// The metrics observe the fleet without importing it.
+var _ fleet.Observer = metrics.Observer{}
+
 func init() {
+	metrics.BreakerOpen = fleet.AnyBreakerOpen
 	httpcaddyfile.RegisterHandlerDirective("rate_limit", parseCaddyfile)
 	httpcaddyfile.RegisterDirectiveOrder("rate_limit", httpcaddyfile.After, "forward_auth")
 }

@@ -281,29 +281,25 @@ for name in order:
 rps = {(rnd, name): float(r) for rnd, name, r, *_ in rows}
 peers = [("redis_rate", ["redis", "redis_hot", "redis_10k", "lease", "lease_hot", "lease_10k"]),
          ("caddy_ratelimit", ["embedded", "embedded_headers_off"])]
-lines = []
-for peer, ours in peers:
-    for name in ours:
-        rs = sorted(rps[rnd, name] / rps[rnd, peer] for rnd in base if (rnd, name) in rps and (rnd, peer) in rps)
+# compared prints, under title, each (name, other) pair's requests/s over
+# the other's of the same round: median (range over rounds).
+def compared(title, pairs, other_label):
+    lines = []
+    for name, other in pairs:
+        rs = sorted(rps[rnd, name] / rps[rnd, other] for rnd in base if (rnd, name) in rps and (rnd, other) in rps)
         if rs:
             spread = f" ({rs[0]:.2f}–{rs[-1]:.2f})" if len(rs) > 1 else ""
-            lines.append(f"- {labels[name]} / {peer}: {med(rs):.2f}{spread}")
-if lines:
-    print()
-    print("Requests/s against the peers (same round; median, range over rounds):")
-    print()
-    print("\n".join(lines))
+            lines.append(f"- {labels[name]} / {other_label(other)}: {med(rs):.2f}{spread}")
+    if lines:
+        print()
+        print(title)
+        print()
+        print("\n".join(lines))
+compared("Requests/s against the peers (same round; median, range over rounds):",
+         [(name, peer) for peer, ours in peers for name in ours], lambda peer: peer)
 # The usage history's cost: each scenario against the same without it;
 # and webhooks to a dead receiver against none.
-lines = []
-for name, off in (("embedded", "embedded_history_off"), ("redis", "redis_history_off"), ("embedded_notify_dead", "embedded")):
-    rs = sorted(rps[rnd, name] / rps[rnd, off] for rnd in base if (rnd, name) in rps and (rnd, off) in rps)
-    if rs:
-        spread = f" ({rs[0]:.2f}–{rs[-1]:.2f})" if len(rs) > 1 else ""
-        lines.append(f"- {labels[name]} / {labels[off]}: {med(rs):.2f}{spread}")
-if lines:
-    print()
-    print("Against the same without (requests/s, same round; median, range over rounds):")
-    print()
-    print("\n".join(lines))
+compared("Against the same without (requests/s, same round; median, range over rounds):",
+         [("embedded", "embedded_history_off"), ("redis", "redis_history_off"), ("embedded_notify_dead", "embedded")],
+         lambda other: labels[other])
 PY

@@ -5,13 +5,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-
-	"github.com/tollgate/caddy-tollgate/fleet"
 )
 
 // PolicyConfig is one named rate limit (a caddy-ratelimit "zone"). Its
@@ -318,42 +314,6 @@ type RedisTLSConfig struct {
 	// Name to verify the server certificate against. Default: the host of
 	// the address.
 	ServerName string `json:"server_name,omitempty"`
-}
-
-// BackendOptions resolves placeholders such as {env.REDIS_PASSWORD} in
-// the fields where secrets and deployment details live, and applies the
-// defaults: what identifies the shared fleet.Backend.
-func (rc *RedisConfig) BackendOptions(logger *zap.Logger) fleet.BackendOptions {
-	repl := caddy.NewReplacer()
-	c := fleet.Connection{
-		Cluster:        rc.Cluster,
-		SentinelMaster: repl.ReplaceKnown(rc.SentinelMaster, ""),
-		Username:       repl.ReplaceKnown(rc.Username, ""),
-		Password:       repl.ReplaceKnown(rc.Password, ""),
-		DB:             rc.DB,
-		PoolSize:       rc.PoolSize,
-		Timeout:        time.Duration(rc.Timeout),
-	}
-	for _, a := range rc.Addresses {
-		c.Addresses = append(c.Addresses, repl.ReplaceKnown(a, ""))
-	}
-	if t := rc.TLS; t != nil {
-		c.TLS = &fleet.TLS{
-			InsecureSkipVerify: t.InsecureSkipVerify,
-			CA:                 repl.ReplaceKnown(t.CA, ""),
-			Cert:               repl.ReplaceKnown(t.Cert, ""),
-			Key:                repl.ReplaceKnown(t.Key, ""),
-			ServerName:         repl.ReplaceKnown(t.ServerName, ""),
-		}
-	}
-	return fleet.BackendOptions{
-		Connection:      c,
-		Prefix:          rc.KeyPrefix,
-		BreakerFailures: rc.BreakerFailures,
-		BreakerCooldown: time.Duration(rc.BreakerCooldown),
-		Functions:       rc.Functions == nil || *rc.Functions,
-		Logger:          logger,
-	}
 }
 
 // DefaultKey is the key the Caddyfile writes for a `policy` block that

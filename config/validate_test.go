@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tollgate/caddy-tollgate/limiter"
-	"go.uber.org/zap"
 )
 
 // jsonHandler decodes a handler config the way Caddy does.
@@ -324,21 +323,6 @@ func TestPolicyLease(t *testing.T) {
 	for name, lease := range want {
 		if p := policyNamed(t, &h, name); p.Lease != lease {
 			t.Errorf("%s: lease %+v, want %+v", name, p.Lease, lease)
-		}
-	}
-}
-
-// TestRedisFunctionsDefault: the scripts run as a function library unless
-// functions is off.
-func TestRedisFunctionsDefault(t *testing.T) {
-	on, off := true, false
-	for _, tc := range []struct {
-		set  *bool
-		want bool
-	}{{nil, true}, {&on, true}, {&off, false}} {
-		rc := &RedisConfig{Addresses: []string{"a:1"}, Functions: tc.set}
-		if got := rc.BackendOptions(zap.NewNop()).Functions; got != tc.want {
-			t.Errorf("functions %v: backend Functions %v, want %v", tc.set, got, tc.want)
 		}
 	}
 }

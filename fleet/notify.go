@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -405,7 +406,7 @@ var ErrBadSignature = errors.New("bad signature")
 // that its time is within tolerance of now: what a receiver does.
 func Verify(header, secret string, body []byte, now time.Time, tolerance time.Duration) error {
 	var t, v1 string
-	for _, part := range splitComma(header) {
+	for _, part := range strings.Split(header, ",") {
 		switch {
 		case len(part) > 2 && part[:2] == "t=":
 			t = part[2:]
@@ -425,18 +426,6 @@ func Verify(header, secret string, body []byte, now time.Time, tolerance time.Du
 		return ErrBadSignature
 	}
 	return nil
-}
-
-func splitComma(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	return out
 }
 
 func (n *Notifier) observe(event, result string) {

@@ -13,8 +13,7 @@ import (
 
 // RedisOptions configures OpenRedis.
 type RedisOptions struct {
-	// Backend identifies the shared Redis backend (config.RedisConfig's
-	// BackendOptions).
+	// Backend identifies the shared Redis backend (see BackendOptions).
 	Backend fleet.BackendOptions
 	// Hooks are the handler's logger and metrics observer on it.
 	Hooks fleet.Hooks

@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/tollgate/caddy-tollgate/fleet"
 )
 
 // Every family is caddy_rate_limit_<name>.
@@ -103,6 +101,11 @@ func newGaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {
 	}, f))
 }
 
+// BreakerOpen reports whether the Redis circuit breaker of a connection
+// in use is open: set once by the module (fleet.AnyBreakerOpen), so this
+// package needs nothing of the fleet's.
+var BreakerOpen func() bool
+
 // collectors are the process-wide collectors.
 var collectors = struct {
 	requests       *prometheus.CounterVec
@@ -141,7 +144,7 @@ var collectors = struct {
 	breakerOpen: newGaugeFunc("breaker_open",
 		"1 while the Redis circuit breaker of a connection in use is open, else 0.",
 		func() float64 {
-			if fleet.AnyBreakerOpen() {
+			if f := BreakerOpen; f != nil && f() {
 				return 1
 			}
 			return 0

@@ -6,15 +6,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tollgate/caddy-tollgate/fleet"
 	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // Observer reports what a fleet.Backend measures into the collectors. It
-// is the fleet.Observer of every handler that records metrics.
+// is the fleet.Observer of every handler that records metrics (the module
+// checks that it is one).
 type Observer struct{}
-
-var _ fleet.Observer = Observer{}
 
 // RedisCall implements fleet.Observer.
 func (Observer) RedisCall(script, result string, d time.Duration) {

@@ -1,6 +1,7 @@
 package surface
 
 import (
+	"errors"
 	"slices"
 	"strconv"
 	"time"
@@ -47,11 +48,7 @@ func compileNotify(c *config.NotifyConfig, near float64) (*notifyRuntime, error)
 	return n, nil
 }
 
-var errNotifySecret = errorString("notify: secret resolves to an empty value (is its environment variable set?)")
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
+var errNotifySecret = errors.New("notify: secret resolves to an empty value (is its environment variable set?)")
 
 // signal sends the events of a decided request.
 func (h *Server) signal(st *requestState) {

@@ -113,9 +113,11 @@ func (h *Server) serveProtected(w http.ResponseWriter, r *http.Request, repl *ca
 			ce.Write(zap.String("tenant", gate.Loggable(tenant)), zap.Int("limit", p.limiter.Stats().Limit))
 		}
 	}
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &st.upstream
+	sw.ResponseWriter, sw.status = w, 0
 	start := time.Now()
 	defer func() {
+		sw.ResponseWriter = nil
 		status := statusOf(sw.status, err)
 		failed := status >= 500 || status == http.StatusTooManyRequests
 		if rec := recover(); rec != nil {

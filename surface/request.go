@@ -98,6 +98,9 @@ type requestState struct {
 	// which verdicts give their units back (see giveBack).
 	outcomes bool
 	status   statusWriter
+	// upstream records the status protect gives its slot back with (the
+	// outcome writer above may wrap it).
+	upstream statusWriter
 	back     []bool
 }
 
