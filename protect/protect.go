@@ -169,12 +169,17 @@ type Limiter struct {
 	// the period started.
 	sum        time.Duration
 	samples    int
-	peak       int // most in flight during the period
+	peak       int  // most in flight during the period
+	waited     bool // a request queued during the period
 	failed     bool
 	baseline   time.Duration
 	periodFrom time.Time
-	// Queues: tenants with waiting requests, by their head's finish.
+	// cutAt is when a failure last cut the limit.
+	cutAt time.Time
+	// Tenants with requests in flight or queued, the sum of their
+	// weights, and those with queued requests by their head's finish.
 	tenants map[string]*tenantQueue
+	weights float64
 	ready   tenantHeap
 	vtime   float64
 	queued  int
@@ -197,14 +202,16 @@ type waiter struct {
 	done chan error
 }
 
-// tenantQueue is a tenant's waiting requests, a FIFO per priority.
+// tenantQueue is an active tenant: its requests in flight, and those
+// waiting, a FIFO per priority.
 type tenantQueue struct {
-	name   string
-	weight float64
-	vtime  float64 // the finish of its last request
-	fifo   [numPriorities][]*waiter
-	n      int
-	index  int // in the ready heap, -1 when not in it
+	name     string
+	weight   float64
+	vtime    float64 // the finish of its last request
+	inflight int
+	fifo     [numPriorities][]*waiter
+	n        int
+	index    int // in the ready heap, -1 when not in it
 	// CoDel, per tenant: since when this tenant's waits have been above
 	// the target (zero: they are not), and whether it is shedding. A
 	// flooding tenant's queue sheds; a light tenant's, served in its
@@ -267,8 +274,9 @@ func (h *tenantHeap) Pop() any {
 // Slot is a request's place in flight; Release it when the upstream has
 // answered.
 type Slot struct {
-	l     *Limiter
-	start time.Time
+	l      *Limiter
+	tenant *tenantQueue
+	start  time.Time
 }
 
 // Acquire returns a slot for a request of tenant (in tier, of priority
@@ -283,17 +291,17 @@ func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priorit
 		return nil, false, ErrClosed
 	}
 	now := l.o.Now()
-	if l.queued == 0 && l.inflight < int(l.limit) {
-		return l.takeLocked(now), false, nil
-	}
-	if shadow {
-		s := l.takeLocked(now)
-		return s, true, nil
-	}
 	q := l.tenants[tenant]
 	if q == nil {
 		q = &tenantQueue{name: tenant, weight: float64(max(l.o.Weight(tier), 1)), index: -1, vtime: l.vtime}
 		l.tenants[tenant] = q
+		l.weights += q.weight
+	}
+	if q.n == 0 && l.mayTakeLocked(q, l.queued == 0) {
+		return l.takeLocked(q, now), false, nil
+	}
+	if shadow {
+		return l.takeLocked(q, now), true, nil
 	}
 	if q.n >= l.o.QueueLimit {
 		l.mu.Unlock()
@@ -305,11 +313,13 @@ func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priorit
 	q.fifo[prio] = append(q.fifo[prio], w)
 	q.n++
 	l.queued++
+	l.waited = true
 	if q.index < 0 {
 		heap.Push(&l.ready, q)
 	} else {
 		heap.Fix(&l.ready, q.index)
 	}
+	l.dispatchLocked(now)
 	l.mu.Unlock()
 
 	t := time.NewTimer(l.o.MaxWait)
@@ -319,7 +329,7 @@ func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priorit
 		if err != nil {
 			return nil, false, err
 		}
-		return &Slot{l: l, start: l.o.Now()}, false, nil
+		return &Slot{l: l, tenant: w.tenant, start: l.o.Now()}, false, nil
 	case <-t.C:
 		return nil, false, l.abandon(w, &ShedError{ReasonTimeout})
 	case <-ctx.Done():
@@ -327,12 +337,47 @@ func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priorit
 	}
 }
 
-// takeLocked counts a request in flight and unlocks.
-func (l *Limiter) takeLocked(now time.Time) *Slot {
+// mayTakeLocked says whether a request of q may take a slot now, ahead
+// of any queue when ahead is set. Below the limit, a tenant below its
+// fair share (the limit split by weight among the active tenants) may
+// take any free slot; a tenant at or above it leaves one free slot per
+// other active tenant (at most a quarter of the limit). Without that
+// reserve a flooding tenant refills every slot the moment it frees, and
+// the others wait for the next one: with an upstream whose answers come
+// in waves, up to a whole upstream latency.
+func (l *Limiter) mayTakeLocked(q *tenantQueue, ahead bool) bool {
+	free := int(l.limit) - l.inflight
+	switch {
+	case free <= 0:
+		return false
+	case l.belowShareLocked(q):
+		return true
+	}
+	reserve := min(len(l.tenants)-1, int(l.limit)/4)
+	return ahead && free > reserve
+}
+
+// belowShareLocked says whether q has fewer requests in flight than its
+// fair share: the limit split among the active tenants by weight.
+func (l *Limiter) belowShareLocked(q *tenantQueue) bool {
+	return float64(q.inflight)*l.weights < l.limit*q.weight
+}
+
+// fitsShareLocked says whether all of q's requests, in flight, queued
+// and the one leaving the queue, fit its fair share: such a tenant waits
+// because of others, and CoDel does not shed it (MaxWait still bounds its
+// wait).
+func (l *Limiter) fitsShareLocked(q *tenantQueue) bool {
+	return float64(q.inflight+q.n+1)*l.weights <= l.limit*q.weight
+}
+
+// takeLocked counts a request of q in flight and unlocks.
+func (l *Limiter) takeLocked(q *tenantQueue, now time.Time) *Slot {
 	l.inflight++
+	q.inflight++
 	l.peak = max(l.peak, l.inflight)
 	l.mu.Unlock()
-	return &Slot{l: l, start: now}
+	return &Slot{l: l, tenant: q, start: now}
 }
 
 // abandon takes w out of its queue (it timed out or its client left);
@@ -357,20 +402,28 @@ func (l *Limiter) abandon(w *waiter, why error) error {
 	if err := <-w.done; err != nil {
 		return err
 	}
-	(&Slot{l: l, start: l.o.Now()}).release(0, false, false)
+	(&Slot{l: l, tenant: q, start: l.o.Now()}).release(0, false, false)
 	return why
 }
 
-// fixLocked puts q back in order, or out of the heap when it is empty.
+// fixLocked puts q back in order, or out of the heap when it has nothing
+// queued, and forgets it when it has nothing in flight either.
 func (l *Limiter) fixLocked(q *tenantQueue) {
 	switch {
-	case q.n == 0 && q.index >= 0:
-		heap.Remove(&l.ready, q.index)
-		delete(l.tenants, q.name)
-	case q.n == 0:
-		delete(l.tenants, q.name)
-	case q.index >= 0:
+	case q.n > 0:
 		heap.Fix(&l.ready, q.index)
+		return
+	case q.index >= 0:
+		heap.Remove(&l.ready, q.index)
+	}
+	l.forgetLocked(q)
+}
+
+// forgetLocked drops q when it has nothing queued or in flight.
+func (l *Limiter) forgetLocked(q *tenantQueue) {
+	if q.n == 0 && q.inflight == 0 && l.tenants[q.name] == q {
+		delete(l.tenants, q.name)
+		l.weights -= q.weight
 	}
 }
 
@@ -385,12 +438,21 @@ func (s *Slot) release(latency time.Duration, failed, sample bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.inflight--
+	s.tenant.inflight--
+	l.forgetLocked(s.tenant)
 	now := l.o.Now()
 	switch {
 	case sample && failed:
 		// A failure says nothing of the latency (an overloaded upstream
-		// refuses fast): it only shrinks the limit.
+		// refuses fast): it cuts the limit below what is in flight now,
+		// at once, since an overloaded upstream refuses the next
+		// requests in microseconds. Cutting to a fraction of what is in
+		// flight, not of the limit, makes a burst of failures one cut,
+		// not a collapse: the next failure cuts again only once fewer
+		// requests are in flight.
 		l.failed = true
+		l.cutAt = now
+		l.limit = max(min(l.limit, 0.9*float64(l.inflight)), float64(l.o.Min))
 	case sample:
 		l.sum += latency
 		l.samples++
@@ -404,12 +466,9 @@ func (s *Slot) release(latency time.Duration, failed, sample bool) {
 // updateLocked ends the period: the baseline and the limit.
 func (l *Limiter) updateLocked(now time.Time) {
 	defer func() {
-		l.sum, l.samples, l.failed, l.peak, l.periodFrom = 0, 0, false, l.inflight, now
+		l.sum, l.samples, l.failed, l.waited, l.peak, l.periodFrom = 0, 0, false, l.queued > 0, l.inflight, now
 	}()
 	if l.samples == 0 {
-		if l.failed {
-			l.limit = max(l.limit*0.9, float64(l.o.Min))
-		}
 		return
 	}
 	avg := l.sum / time.Duration(l.samples)
@@ -429,18 +488,25 @@ func (l *Limiter) updateLocked(now time.Time) {
 		step := time.Duration(float64(l.baseline) * rate * now.Sub(l.periodFrom).Seconds())
 		l.baseline += max(step, 1)
 	}
-	var next float64
 	if l.failed {
-		next = l.limit * 0.9
-	} else {
-		g := l.o.Tolerance * float64(l.baseline) / float64(avg)
-		g = min(max(g, 0.5), 1)
-		grow := 0.0
-		if g >= 1 && float64(l.peak) >= 0.9*l.limit {
-			grow = math.Sqrt(l.limit)
-		}
-		next = l.limit*g + grow
+		return // cut already; no growth in a period with failures
 	}
+	// Within tolerance the limit grows while it is in use, by √limit at
+	// the baseline latency, tapering to nothing half way to tolerance ×
+	// baseline; beyond tolerance × baseline it shrinks by the gradient;
+	// in between it holds. Latency answers a change of the limit one
+	// upstream latency late: a full step up to the edge overshoots it.
+	// Nor does it grow for a second after a failure cut it: the requests
+	// in flight then answer with the latency of before.
+	edge := l.o.Tolerance * float64(l.baseline)
+	g := min(max(edge/float64(avg), 0.5), 1)
+	grow := 0.0
+	if g >= 1 && (l.waited || float64(l.peak) >= 0.9*l.limit) && now.Sub(l.cutAt) >= max(time.Second, 2*l.baseline) {
+		mid := (edge + float64(l.baseline)) / 2
+		headroom := (mid - float64(avg)) / (mid - float64(l.baseline))
+		grow = math.Sqrt(l.limit) * min(max(headroom, 0), 1)
+	}
+	next := l.limit*g + grow
 	l.limit = (1-l.o.Smoothing)*l.limit + l.o.Smoothing*next
 	l.limit = min(max(l.limit, float64(l.o.Min)), float64(l.o.Max))
 }
@@ -448,22 +514,26 @@ func (l *Limiter) updateLocked(now time.Time) {
 // dispatchLocked hands free slots to queued requests, fairest first,
 // shedding those CoDel drops.
 func (l *Limiter) dispatchLocked(now time.Time) {
-	for l.queued > 0 && l.inflight < int(l.limit) {
+	for l.queued > 0 {
 		q := l.ready[0]
+		if !l.mayTakeLocked(q, true) {
+			return
+		}
 		w := q.pop()
 		l.queued--
 		if q.n == 0 {
 			heap.Pop(&l.ready)
-			delete(l.tenants, q.name)
 		} else {
 			heap.Fix(&l.ready, 0)
 		}
 		l.vtime = max(l.vtime, w.finish-1/q.weight)
-		if q.shed(w, now, l.o.TargetWait, l.o.Interval) {
+		if !l.fitsShareLocked(q) && q.shed(w, now, l.o.TargetWait, l.o.Interval) {
+			l.forgetLocked(q)
 			w.done <- &ShedError{ReasonWait}
 			continue
 		}
 		l.inflight++
+		q.inflight++
 		l.peak = max(l.peak, l.inflight)
 		w.done <- nil
 	}
@@ -545,4 +615,5 @@ func (l *Limiter) Close() {
 		}
 	}
 	clear(l.tenants)
+	l.weights = 0
 }

@@ -66,6 +66,7 @@ func TestAdaptsToCapacity(t *testing.T) {
 	}
 	run(20 * time.Second)
 	peak := run(10 * time.Second)
+	t.Logf("capacity 100: limit %d, peak %d", l.Stats().Limit, peak)
 	if lim := l.Stats().Limit; lim < 90 || lim > 120 || peak > 120 {
 		t.Fatalf("capacity 100: limit %d, peak in flight %d, want 90 to 120", lim, peak)
 	}
@@ -116,7 +117,13 @@ func tryAcquire(l *Limiter) (*Slot, bool, error) {
 		l.mu.Unlock()
 		return nil, false, errors.New("full")
 	}
-	return l.takeLocked(l.o.Now()), false, nil
+	q := l.tenants["sim"]
+	if q == nil {
+		q = &tenantQueue{name: "sim", weight: 1, index: -1}
+		l.tenants["sim"] = q
+		l.weights++
+	}
+	return l.takeLocked(q, l.o.Now()), false, nil
 }
 
 // TestFairShare: with the limit reached, a flooding tenant queued first
@@ -307,5 +314,102 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestReserveForTenantsBelowShare: a tenant flooding the queue cannot
+// take the last free slots while another tenant is active; a request of a
+// tenant below its fair share takes one at once instead of waiting behind
+// the flood for the next slot to free.
+func TestReserveForTenantsBelowShare(t *testing.T) {
+	l := New(Options{Min: 10, Max: 10, Initial: 10, MaxWait: time.Minute, TargetWait: time.Minute, QueueLimit: 100})
+	light, _, err := l.Acquire(context.Background(), "light", "", Normal, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var flood []*Slot
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, _, err := l.Acquire(context.Background(), "flood", "", Normal, false)
+			if err == nil {
+				mu.Lock()
+				flood = append(flood, s)
+				mu.Unlock()
+			}
+		}()
+	}
+	// One slot is kept free per other active tenant: the flood holds 8.
+	waitFor(t, func() bool { st := l.Stats(); return st.InFlight+st.Queued == 21 })
+	if st := l.Stats(); st.InFlight != 9 || st.Queued != 12 {
+		t.Fatalf("with the flood queued: %+v, want 9 in flight (8 flood, 1 light) and 12 queued", st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	second, _, err := l.Acquire(ctx, "light", "", Normal, false)
+	if err != nil {
+		t.Fatalf("the light tenant's second request waited behind the flood: %v", err)
+	}
+	// The limit is full now: the flood waits, and gets the slots back
+	// once the light tenant is done.
+	if st := l.Stats(); st.InFlight != 10 || st.Queued != 12 {
+		t.Fatalf("after the light request: %+v", st)
+	}
+	light.Release(time.Millisecond, false)
+	second.Release(time.Millisecond, false)
+	waitFor(t, func() bool { return l.Stats().InFlight == 10 })
+	for {
+		mu.Lock()
+		s := flood
+		flood = nil
+		mu.Unlock()
+		if len(s) == 0 && l.Stats().Queued == 0 {
+			break
+		}
+		for _, x := range s {
+			x.Release(time.Millisecond, false)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wg.Wait()
+	if st := l.Stats(); st.InFlight != 0 || st.Queued != 0 {
+		t.Fatalf("after all: %+v", st)
+	}
+}
+
+// TestFailureCutsAtOnce: an upstream failure lowers the limit below what
+// is in flight at once, not at the end of the period (an overloaded
+// upstream answers the next requests with failures in microseconds); a
+// burst of failures cuts to 0.9 of what is still in flight, not 0.9 per
+// failure.
+func TestFailureCutsAtOnce(t *testing.T) {
+	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	l := New(Options{Min: 2, Max: 100, Initial: 40, Now: clk.now})
+	var slots []*Slot
+	for range 30 {
+		s, _, _ := tryAcquire(l)
+		slots = append(slots, s)
+	}
+	clk.add(10 * time.Millisecond)
+	slots[0].Release(time.Millisecond, true)
+	if lim := l.Stats().Limit; lim != 26 { // 0.9 × 29 in flight
+		t.Fatalf("limit after a failure with 29 in flight: %d, want 26", lim)
+	}
+	for _, s := range slots[1:10] {
+		s.Release(time.Millisecond, true)
+	}
+	if lim := l.Stats().Limit; lim != 18 { // 0.9 × 20, not 40 × 0.9^10
+		t.Fatalf("limit after 10 failures with 20 left in flight: %d, want 18", lim)
+	}
+	// No growth for a second after the cut, however fast the answers.
+	for _, s := range slots[10:19] {
+		clk.add(100 * time.Millisecond)
+		s.Release(time.Millisecond, false)
+	}
+	if lim := l.Stats().Limit; lim != 18 {
+		t.Fatalf("limit 0.9 s after the cut: %d, want 18", lim)
 	}
 }

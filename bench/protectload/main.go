@@ -5,7 +5,11 @@
 // three light tenants at 10% each. It prints one JSON line of what it
 // measured: requests in flight at the upstream, goodput, each tenant's
 // success rate and p99 latency (and the light tenants' p99 alone, before
-// the flood), and how the protect limit followed when C halved.
+// the flood), and how the protect limit followed when C halved. Latency
+// and in flight are reported apart for the 5 s after C halved (the time
+// the limit has to follow: requests in flight at the upstream when its
+// capacity halves take twice as long, whatever a limiter does) and for
+// the steady state after them.
 package main
 
 import (
@@ -30,10 +34,15 @@ type upstream struct {
 	base     time.Duration
 	inflight atomic.Int64
 	ok       atomic.Int64
-	// samples are the in-flight counts sampled, per phase (0: C, 1: C/2).
+	// samples are the in-flight counts sampled, per phase (0: C, 1: the
+	// 5 s after C halved, 2: C/2 after those).
 	phase   atomic.Int64
-	samples [2][]int64
-	mu      sync.Mutex
+	samples [3][]int64
+	// refusedAt are the times of the upstream's refusals (503s), from
+	// the flood's start.
+	refusedAt []float64
+	start     time.Time
+	mu        sync.Mutex
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -41,6 +50,12 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer u.inflight.Add(-1)
 	c := u.capacity.Load()
 	if n > 2*c {
+		u.mu.Lock()
+		if !u.start.IsZero() {
+			u.refusedAt = append(u.refusedAt, time.Since(u.start).Seconds())
+		}
+		u.mu.Unlock()
+		w.Header().Set("X-Upstream-Refused", "1")
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
@@ -71,19 +86,27 @@ func (u *upstream) sample(ctx context.Context) {
 }
 
 type tenantStats struct {
-	mu        sync.Mutex
-	sent, ok  int
-	latencies []time.Duration
+	mu       sync.Mutex
+	sent, ok int
+	// latencies of the successes, by the phase they were sent in.
+	latencies [3][]time.Duration
+	// failures by phase and status ("error" when there was none).
+	failures map[string]int
 }
 
-func (s *tenantStats) add(ok bool, d time.Duration) {
+func (s *tenantStats) add(phase int64, status string, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sent++
-	if ok {
+	if status == "200" {
 		s.ok++
-		s.latencies = append(s.latencies, d)
+		s.latencies[phase] = append(s.latencies[phase], d)
+		return
 	}
+	if s.failures == nil {
+		s.failures = map[string]int{}
+	}
+	s.failures[fmt.Sprint(phase, ":", status)]++
 }
 
 func p99(ds []time.Duration) float64 { return quantile(ds, 99) }
@@ -99,7 +122,7 @@ func quantile(ds []time.Duration, q int) float64 {
 }
 
 // load sends rate requests a second as tenant until ctx ends.
-func load(ctx context.Context, client *http.Client, url, tenant string, rate float64, st *tenantStats, wg *sync.WaitGroup) {
+func load(ctx context.Context, client *http.Client, url, tenant string, rate float64, phase *atomic.Int64, st *tenantStats, wg *sync.WaitGroup) {
 	defer wg.Done()
 	interval := time.Duration(float64(time.Second) / rate)
 	next := time.Now()
@@ -113,13 +136,21 @@ func load(ctx context.Context, client *http.Client, url, tenant string, rate flo
 			defer wg.Done()
 			req, _ := http.NewRequest(http.MethodGet, url, nil)
 			req.Header.Set("X-Tenant", tenant)
+			ph := phase.Load()
 			start := time.Now()
 			res, err := client.Do(req)
-			ok := err == nil && res.StatusCode == http.StatusOK
+			status := "error"
 			if err == nil {
+				status = strconv.Itoa(res.StatusCode)
+				switch {
+				case res.Header.Get("X-Upstream-Refused") != "":
+					status += "-upstream"
+				case res.Header.Get("Retry-After") != "":
+					status += "-shed"
+				}
 				res.Body.Close()
 			}
-			st.add(ok, time.Since(start))
+			st.add(ph, status, time.Since(start))
 		}()
 	}
 }
@@ -139,6 +170,27 @@ func protectLimit(client *http.Client, metricsURL string) float64 {
 		}
 	}
 	return -1
+}
+
+// shedReasons reads caddy_rate_limit_shed_total by reason.
+func shedReasons(client *http.Client, metricsURL string) map[string]float64 {
+	out := map[string]float64{}
+	res, err := client.Get(metricsURL)
+	if err != nil {
+		return out
+	}
+	defer res.Body.Close()
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), `caddy_rate_limit_shed_total{reason="`)
+		if !ok {
+			continue
+		}
+		reason, v, _ := strings.Cut(line, `"} `)
+		f, _ := strconv.ParseFloat(v, 64)
+		out[reason] = f
+	}
+	return out
 }
 
 func main() {
@@ -175,7 +227,7 @@ func main() {
 	for _, t := range light {
 		alone[t] = &tenantStats{}
 		wg.Add(1)
-		go load(ctx, client, *target, t, capRate*0.1, alone[t], &wg)
+		go load(ctx, client, *target, t, capRate*0.1, new(atomic.Int64), alone[t], &wg)
 	}
 	wg.Wait()
 	cancel()
@@ -191,16 +243,22 @@ func main() {
 	go u.sample(sctx)
 	okBefore := u.ok.Load()
 	start := time.Now()
+	u.mu.Lock()
+	u.start = start
+	u.mu.Unlock()
 	wg.Add(1)
-	go load(ctx, client, *target, "flood", capRate*10, stats["flood"], &wg)
+	go load(ctx, client, *target, "flood", capRate*10, &u.phase, stats["flood"], &wg)
 	for _, t := range light {
 		wg.Add(1)
-		go load(ctx, client, *target, t, capRate*0.1, stats[t], &wg)
+		go load(ctx, client, *target, t, capRate*0.1, &u.phase, stats[t], &wg)
 	}
 	// Follow the limit; halve C in the middle.
 	var followed float64 = -1
 	var limits []float64
 	half := *duration / 2
+	// settle is the time the limit has to follow C/2 (the target's 5 s):
+	// what happens in it is reported apart from the steady state.
+	const settle = 5 * time.Second
 	halved := false
 	var halvedAt time.Time
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -217,6 +275,9 @@ loop:
 				u.phase.Store(1)
 				halved, halvedAt = true, time.Now()
 			}
+			if halved && u.phase.Load() == 1 && time.Since(halvedAt) >= settle {
+				u.phase.Store(2)
+			}
 			if *metrics != "" {
 				lim := protectLimit(client, *metrics)
 				limits = append(limits, lim)
@@ -232,9 +293,11 @@ loop:
 	wg.Wait()
 
 	u.mu.Lock()
-	first, second := slices.Clone(u.samples[0]), slices.Clone(u.samples[1])
+	first, transition, second := slices.Clone(u.samples[0]), slices.Clone(u.samples[1]), slices.Clone(u.samples[2])
+	refused := slices.Clone(u.refusedAt)
 	u.mu.Unlock()
 	slices.Sort(first)
+	slices.Sort(transition)
 	slices.Sort(second)
 	pct := func(s []int64, q int) int64 {
 		if len(s) == 0 {
@@ -248,6 +311,9 @@ loop:
 		"inflight_p99_first_half":  pct(first, 99),
 		"inflight_max_first_half":  pct(first, 100),
 		"inflight_p99_second_half": pct(second, 99),
+		"inflight_max_transition":  pct(transition, 100),
+		"upstream_refusals":        len(refused),
+		"upstream_refused_at":      refused[:min(len(refused), 20)],
 		"goodput_first_half":       float64(firstHalf) / half.Seconds() / capRate,
 		"goodput_second_half":      float64(total-firstHalf) / (duration.Seconds() - half.Seconds()) / (capRate / 2),
 		"limit_followed_seconds":   followed,
@@ -255,17 +321,24 @@ loop:
 	for t, s := range stats {
 		s.mu.Lock()
 		out[t+"_success"] = float64(s.ok) / float64(max(s.sent, 1))
-		out[t+"_p99_ms"] = p99(s.latencies)
-		out[t+"_p50_ms"] = quantile(s.latencies, 50)
-		out[t+"_p90_ms"] = quantile(s.latencies, 90)
+		out[t+"_p99_ms"] = p99(s.latencies[0])
+		out[t+"_p50_ms"] = quantile(s.latencies[0], 50)
+		out[t+"_p99_transition_ms"] = p99(s.latencies[1])
+		out[t+"_p99_second_half_ms"] = p99(s.latencies[2])
 		out[t+"_sent"] = s.sent
+		if t != "flood" {
+			out[t+"_failures"] = s.failures
+		}
 		s.mu.Unlock()
 	}
 	for t, s := range alone {
-		out[t+"_alone_p99_ms"] = p99(s.latencies)
+		out[t+"_alone_p99_ms"] = p99(s.latencies[0])
 	}
 	if len(limits) > 0 {
 		out["limit_last"] = limits[len(limits)-1]
+	}
+	if *metrics != "" {
+		out["shed"] = shedReasons(client, *metrics)
 	}
 	json.NewEncoder(os.Stdout).Encode(out)
 }
