@@ -14,16 +14,20 @@
 //	gradient = clamp(tolerance × baseline / latency, 0.5, 1)
 //	limit    = (1 - smoothing) × limit + smoothing × (limit × gradient + growth)
 //
-// growth is added only while the limit is in use (in flight ≥ 90% of
-// it): an idle upstream does not earn a higher limit. The baseline
-// follows a lower latency at once and a higher one slowly: 1% a second
-// while the limit is not in use, 0.05% a second while it is, so an
-// overload cannot teach it that the latency it causes is normal (the way
-// Gradient2's long average grows without bound under moderate
+// growth is added only while the limit is in use (requests waited, or in
+// flight reached 90% of it): an idle upstream does not earn a higher
+// limit. It is √limit per baseline latency at the baseline, tapering to
+// nothing half way to tolerance × baseline, so the limit holds in a band
+// below the edge instead of overshooting it by the latency's lag. The
+// baseline follows a lower latency at once and a higher one slowly: 1% a
+// second while the limit is not in use, 0.05% a second while it is, so
+// an overload cannot teach it that the latency it causes is normal (the
+// way Gradient2's long average grows without bound under moderate
 // overload); and nothing ever lowers the limit to measure it (Envoy's
 // periodic minRTT window and its 503s). A failed request (the upstream's
-// 5xx or 429, or an error) multiplies the limit by 0.9, at most once per
-// period. The limit stays within [Min, Max].
+// 5xx or 429, or an error) cuts the limit at once to 0.9 × what is still
+// in flight, and the limit does not grow for a second after. The limit
+// stays within [Min, Max].
 //
 // Fairness: a request that finds the limit reached waits in its tenant's
 // queue. When a slot frees, the next request is the one with the
@@ -31,16 +35,21 @@
 // tenant of weight w advances that tenant's virtual time by 1/w, starting
 // from the queue's virtual time when the tenant was idle. A tenant alone
 // gets every free slot; a flooding tenant gets its weight's share while
-// others wait. Within a tenant, critical requests go first and
-// sheddable ones last.
+// others wait. A tenant below its fair share (the limit split by weight
+// among the tenants with requests in flight or queued) may take any free
+// slot at once; one at or above it leaves a slot free per other active
+// tenant. Within a tenant, critical requests go first and sheddable ones
+// last.
 //
 // Shedding, CoDel style, per tenant: when a request leaves its tenant's
-// queue after waiting longer than TargetWait, and that tenant's waits have
-// been above the target for a whole Interval, it is shed instead of served (and so are the next ones
-// above the target, until a wait is below it): a queue that drains in
-// time is never shed, however long. A request also gives up after
-// MaxWait, and a tenant's queue holds at most QueueLimit requests.
-// Sheddable requests count as waiting twice as long, critical ones half.
+// queue after waiting longer than TargetWait, and that tenant's waits
+// have been above the target for a whole Interval, it is shed instead of
+// served (and so are the next ones above the target, until a wait is
+// below it): a queue that drains in time is never shed, however long,
+// and a tenant whose requests all fit its fair share is never shed for
+// waiting. A request also gives up after MaxWait, and a tenant's queue
+// holds at most QueueLimit requests. Sheddable requests count as waiting
+// twice as long, critical ones half.
 package protect
 
 import (
@@ -176,20 +185,34 @@ type Limiter struct {
 	periodFrom time.Time
 	// cutAt is when a failure last cut the limit.
 	cutAt time.Time
+	// The cohort: the requests started in [cohortFrom, cohortUntil),
+	// how many, how many have answered and their latencies' sum. The
+	// limit grows only on a whole cohort's evidence (see updateLocked).
+	cohortFrom, cohortUntil time.Time
+	cohort                  uint64 // numbers the cohorts, from 1
+	cohortStarted           int
+	cohortDone              int
+	cohortSum               time.Duration
 	// Tenants with requests in flight or queued, the sum of their
 	// weights, and those with queued requests by their head's finish.
 	tenants map[string]*tenantQueue
 	weights float64
-	ready   tenantHeap
-	vtime   float64
-	queued  int
-	closed  bool
+	// spare are forgotten tenant states kept for reuse: a tenant's state
+	// lives while it has requests in flight, so most requests would
+	// otherwise make one.
+	spare  []*tenantQueue
+	ready  tenantHeap
+	vtime  float64
+	queued int
+	closed bool
 }
 
 // New returns a Limiter.
 func New(o Options) *Limiter {
 	o.defaults()
-	return &Limiter{o: o, limit: float64(o.Initial), tenants: map[string]*tenantQueue{}, periodFrom: o.Now()}
+	l := &Limiter{o: o, limit: float64(o.Initial), tenants: map[string]*tenantQueue{}, periodFrom: o.Now()}
+	l.newCohortLocked(l.periodFrom)
+	return l
 }
 
 // waiter is a queued request.
@@ -198,6 +221,7 @@ type waiter struct {
 	prio     Priority
 	finish   float64
 	enqueued time.Time
+	cohort   uint64 // set with a slot: the cohort it started in
 	// done gets the outcome: nil (a slot), or a *ShedError.
 	done chan error
 }
@@ -277,6 +301,7 @@ type Slot struct {
 	l      *Limiter
 	tenant *tenantQueue
 	start  time.Time
+	cohort uint64 // the limit's cohort it started in, or 0
 }
 
 // Acquire returns a slot for a request of tenant (in tier, of priority
@@ -293,9 +318,7 @@ func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priorit
 	now := l.o.Now()
 	q := l.tenants[tenant]
 	if q == nil {
-		q = &tenantQueue{name: tenant, weight: float64(max(l.o.Weight(tier), 1)), index: -1, vtime: l.vtime}
-		l.tenants[tenant] = q
-		l.weights += q.weight
+		q = l.newTenantLocked(tenant, tier)
 	}
 	if q.n == 0 && l.mayTakeLocked(q, l.queued == 0) {
 		return l.takeLocked(q, now), false, nil
@@ -329,7 +352,7 @@ func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priorit
 		if err != nil {
 			return nil, false, err
 		}
-		return &Slot{l: l, tenant: w.tenant, start: l.o.Now()}, false, nil
+		return &Slot{l: l, tenant: w.tenant, start: l.o.Now(), cohort: w.cohort}, false, nil
 	case <-t.C:
 		return nil, false, l.abandon(w, &ShedError{ReasonTimeout})
 	case <-ctx.Done():
@@ -364,11 +387,11 @@ func (l *Limiter) belowShareLocked(q *tenantQueue) bool {
 }
 
 // fitsShareLocked says whether all of q's requests, in flight, queued
-// and the one leaving the queue, fit its fair share: such a tenant waits
-// because of others, and CoDel does not shed it (MaxWait still bounds its
-// wait).
+// and the one leaving the queue, fit its fair share rounded up: such a
+// tenant waits because of others, and CoDel does not shed it (MaxWait
+// still bounds its wait).
 func (l *Limiter) fitsShareLocked(q *tenantQueue) bool {
-	return float64(q.inflight+q.n+1)*l.weights <= l.limit*q.weight
+	return float64(q.inflight+q.n+1) <= math.Ceil(l.limit*q.weight/l.weights)
 }
 
 // takeLocked counts a request of q in flight and unlocks.
@@ -376,8 +399,9 @@ func (l *Limiter) takeLocked(q *tenantQueue, now time.Time) *Slot {
 	l.inflight++
 	q.inflight++
 	l.peak = max(l.peak, l.inflight)
+	cohort := l.startedLocked(now)
 	l.mu.Unlock()
-	return &Slot{l: l, tenant: q, start: now}
+	return &Slot{l: l, tenant: q, start: now, cohort: cohort}
 }
 
 // abandon takes w out of its queue (it timed out or its client left);
@@ -402,7 +426,7 @@ func (l *Limiter) abandon(w *waiter, why error) error {
 	if err := <-w.done; err != nil {
 		return err
 	}
-	(&Slot{l: l, tenant: q, start: l.o.Now()}).release(0, false, false)
+	(&Slot{l: l, tenant: q, start: l.o.Now(), cohort: w.cohort}).release(0, false, false)
 	return why
 }
 
@@ -419,11 +443,34 @@ func (l *Limiter) fixLocked(q *tenantQueue) {
 	l.forgetLocked(q)
 }
 
+// newTenantLocked makes tenant's state, active from now.
+func (l *Limiter) newTenantLocked(tenant, tier string) *tenantQueue {
+	var q *tenantQueue
+	if n := len(l.spare); n > 0 {
+		q, l.spare = l.spare[n-1], l.spare[:n-1]
+	} else {
+		q = &tenantQueue{}
+	}
+	q.name, q.weight, q.vtime, q.index = tenant, float64(max(l.o.Weight(tier), 1)), l.vtime, -1
+	l.tenants[tenant] = q
+	l.weights += q.weight
+	return q
+}
+
 // forgetLocked drops q when it has nothing queued or in flight.
 func (l *Limiter) forgetLocked(q *tenantQueue) {
-	if q.n == 0 && q.inflight == 0 && l.tenants[q.name] == q {
-		delete(l.tenants, q.name)
-		l.weights -= q.weight
+	if q.n != 0 || q.inflight != 0 || l.tenants[q.name] != q {
+		return
+	}
+	delete(l.tenants, q.name)
+	l.weights -= q.weight
+	if len(l.spare) < 64 {
+		fifo := q.fifo
+		for p := range fifo {
+			fifo[p] = fifo[p][:0]
+		}
+		*q = tenantQueue{fifo: fifo}
+		l.spare = append(l.spare, q)
 	}
 }
 
@@ -440,6 +487,9 @@ func (s *Slot) release(latency time.Duration, failed, sample bool) {
 	l.inflight--
 	s.tenant.inflight--
 	l.forgetLocked(s.tenant)
+	if s.cohort == l.cohort && (!sample || failed) {
+		l.cohortStarted-- // no latency to tell
+	}
 	now := l.o.Now()
 	switch {
 	case sample && failed:
@@ -456,6 +506,10 @@ func (s *Slot) release(latency time.Duration, failed, sample bool) {
 	case sample:
 		l.sum += latency
 		l.samples++
+		if s.cohort == l.cohort {
+			l.cohortDone++
+			l.cohortSum += latency
+		}
 	}
 	if now.Sub(l.periodFrom) >= l.o.UpdateEvery {
 		l.updateLocked(now)
@@ -491,24 +545,65 @@ func (l *Limiter) updateLocked(now time.Time) {
 	if l.failed {
 		return // cut already; no growth in a period with failures
 	}
-	// Within tolerance the limit grows while it is in use, by √limit at
-	// the baseline latency, tapering to nothing half way to tolerance ×
-	// baseline; beyond tolerance × baseline it shrinks by the gradient;
-	// in between it holds. Latency answers a change of the limit one
-	// upstream latency late: a full step up to the edge overshoots it.
-	// Nor does it grow for a second after a failure cut it: the requests
-	// in flight then answer with the latency of before.
+	// Beyond tolerance × baseline the limit shrinks by the gradient.
 	edge := l.o.Tolerance * float64(l.baseline)
-	g := min(max(edge/float64(avg), 0.5), 1)
-	grow := 0.0
-	if g >= 1 && (l.waited || float64(l.peak) >= 0.9*l.limit) && now.Sub(l.cutAt) >= max(time.Second, 2*l.baseline) {
+	if g := edge / float64(avg); g < 1 {
+		l.limit *= 1 - l.o.Smoothing*(1-max(g, 0.5))
+	} else if cohort, ok := l.cohortLatencyLocked(now); ok {
+		// Below it, while the limit is in use, it grows in steps of 10%
+		// (at least 1, at most √limit), each on the evidence of a whole
+		// cohort: the requests started in one period, judged once they
+		// have all answered. Latency tells of a new limit one upstream
+		// latency late, and its fastest requests answer first: steps
+		// taken on the first answers overshoot. The step tapers to
+		// nothing half way to the edge, and the limit holds between
+		// there and the edge. Nor does it grow for a second after a
+		// failure cut it.
 		mid := (edge + float64(l.baseline)) / 2
-		headroom := (mid - float64(avg)) / (mid - float64(l.baseline))
-		grow = math.Sqrt(l.limit) * min(max(headroom, 0), 1)
+		headroom := (mid - cohort) / (mid - float64(l.baseline))
+		if headroom > 0 && (l.waited || float64(l.peak) >= 0.9*l.limit) && now.Sub(l.cutAt) >= max(time.Second, 2*l.baseline) {
+			l.limit += min(headroom, 1) * max(1, min(math.Sqrt(l.limit), l.limit/10))
+		}
+		l.newCohortLocked(now)
 	}
-	next := l.limit*g + grow
-	l.limit = (1-l.o.Smoothing)*l.limit + l.o.Smoothing*next
 	l.limit = min(max(l.limit, float64(l.o.Min)), float64(l.o.Max))
+}
+
+// cohortLatencyLocked is the average latency of the cohort, once its
+// requests have all answered (or twice the edge latency has passed since
+// it ended: those still in flight count with their age so far). A cohort
+// without requests starts again.
+func (l *Limiter) cohortLatencyLocked(now time.Time) (float64, bool) {
+	if now.Before(l.cohortUntil) {
+		return 0, false
+	}
+	if l.cohortStarted == 0 {
+		l.newCohortLocked(now)
+		return 0, false
+	}
+	waiting := l.cohortStarted - l.cohortDone
+	age := now.Sub(l.cohortUntil)
+	if waiting > 0 && float64(age) < 2*l.o.Tolerance*float64(l.baseline) {
+		return 0, false
+	}
+	return (float64(l.cohortSum) + float64(waiting)*float64(age)) / float64(l.cohortStarted), true
+}
+
+// newCohortLocked starts a cohort of the requests started in the next
+// period.
+func (l *Limiter) newCohortLocked(now time.Time) {
+	l.cohort++
+	l.cohortFrom, l.cohortUntil, l.cohortStarted, l.cohortDone, l.cohortSum = now, now.Add(l.o.UpdateEvery), 0, 0, 0
+}
+
+// startedLocked counts a request started now in the cohort when it
+// belongs to it, and returns the cohort's number (else 0).
+func (l *Limiter) startedLocked(now time.Time) uint64 {
+	if now.Before(l.cohortFrom) || !now.Before(l.cohortUntil) {
+		return 0
+	}
+	l.cohortStarted++
+	return l.cohort
 }
 
 // dispatchLocked hands free slots to queued requests, fairest first,
@@ -527,7 +622,11 @@ func (l *Limiter) dispatchLocked(now time.Time) {
 			heap.Fix(&l.ready, 0)
 		}
 		l.vtime = max(l.vtime, w.finish-1/q.weight)
-		if !l.fitsShareLocked(q) && q.shed(w, now, l.o.TargetWait, l.o.Interval) {
+		if l.fitsShareLocked(q) {
+			// It waits because of others: not a standing queue of its
+			// own, and no CoDel state to carry over.
+			q.aboveSince, q.dropping = time.Time{}, false
+		} else if q.shed(w, now, l.o.TargetWait, l.o.Interval) {
 			l.forgetLocked(q)
 			w.done <- &ShedError{ReasonWait}
 			continue
@@ -535,6 +634,7 @@ func (l *Limiter) dispatchLocked(now time.Time) {
 		l.inflight++
 		q.inflight++
 		l.peak = max(l.peak, l.inflight)
+		w.cohort = l.startedLocked(now)
 		w.done <- nil
 	}
 }

@@ -22,62 +22,84 @@ func (c *fakeClock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// TestAdaptsToCapacity simulates an upstream whose latency is flat (20
-// ms) up to C requests in flight and grows in proportion beyond, under a
-// load that always fills the limit: the limit settles between 0.9 C and
-// 1.2 C, and when C halves it follows within 5 s.
+// TestAdaptsToCapacity simulates an upstream whose latency is flat up to
+// C requests in flight and grows in proportion beyond (the latency of a
+// request is fixed by the count it finds), under a load that always fills
+// the limit, starting from the default initial limit of 20: the limit
+// reaches 0.9 C within 5 s, then in flight never passes 1.2 C; when C
+// halves the limit follows within 5 s, and settles at C/2 to 1.2 × C/2.
 func TestAdaptsToCapacity(t *testing.T) {
-	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	l := New(Options{Min: 2, Max: 1000, Initial: 10, Now: clk.now})
-	capacity := 100
-	type req struct {
-		s   *Slot
-		end time.Time
-	}
-	var inflight []req
-	step := time.Millisecond
-	run := func(d time.Duration) (maxInflight int) {
-		for end := clk.now().Add(d); clk.now().Before(end); clk.add(step) {
-			now := clk.now()
-			kept := inflight[:0]
-			for _, r := range inflight {
-				if !now.Before(r.end) {
-					r.s.Release(r.end.Sub(r.s.start), false)
-				} else {
-					kept = append(kept, r)
-				}
+	for _, tc := range []struct {
+		latency  time.Duration
+		capacity int
+	}{
+		{20 * time.Millisecond, 100},
+		{200 * time.Millisecond, 20},
+		{200 * time.Millisecond, 40},
+	} {
+		t.Run(fmt.Sprint(tc.latency, "_C", tc.capacity), func(t *testing.T) {
+			clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+			l := New(Options{Min: 2, Max: 1000, Now: clk.now})
+			capacity := tc.capacity
+			type req struct {
+				s   *Slot
+				end time.Time
 			}
-			inflight = kept
-			for {
-				s, _, err := tryAcquire(l)
-				if err != nil {
-					break
+			var inflight []req
+			// run simulates d in steps of 1ms and returns when in flight
+			// first reached at least reach (or -1), and the most in
+			// flight from then on.
+			run := func(d time.Duration, reach int) (reached time.Duration, peak int) {
+				reached = -1
+				from := clk.now()
+				for end := from.Add(d); clk.now().Before(end); clk.add(time.Millisecond) {
+					now := clk.now()
+					kept := inflight[:0]
+					for _, r := range inflight {
+						if !now.Before(r.end) {
+							r.s.Release(r.end.Sub(r.s.start), false)
+						} else {
+							kept = append(kept, r)
+						}
+					}
+					inflight = kept
+					for {
+						s, _, err := tryAcquire(l)
+						if err != nil {
+							break
+						}
+						lat := tc.latency
+						if n := len(inflight) + 1; n > capacity {
+							lat = lat * time.Duration(n) / time.Duration(capacity)
+						}
+						inflight = append(inflight, req{s, now.Add(lat)})
+					}
+					if reached < 0 && len(inflight) >= reach {
+						reached = now.Sub(from)
+					}
+					if reached >= 0 {
+						peak = max(peak, len(inflight))
+					}
 				}
-				n := len(inflight) + 1
-				lat := 20 * time.Millisecond
-				if n > capacity {
-					lat = lat * time.Duration(n) / time.Duration(capacity)
-				}
-				inflight = append(inflight, req{s, now.Add(lat)})
+				return reached, peak
 			}
-			maxInflight = max(maxInflight, len(inflight))
-		}
-		return maxInflight
-	}
-	run(20 * time.Second)
-	peak := run(10 * time.Second)
-	t.Logf("capacity 100: limit %d, peak %d", l.Stats().Limit, peak)
-	if lim := l.Stats().Limit; lim < 90 || lim > 120 || peak > 120 {
-		t.Fatalf("capacity 100: limit %d, peak in flight %d, want 90 to 120", lim, peak)
-	}
-	capacity = 50
-	run(5 * time.Second)
-	if lim := l.Stats().Limit; lim > 60 {
-		t.Fatalf("5 s after the capacity halved: limit %d, want at most 60", lim)
-	}
-	run(10 * time.Second)
-	if lim := l.Stats().Limit; lim < 45 || lim > 60 {
-		t.Fatalf("capacity 50: limit %d, want 45 to 60", lim)
+			c := float64(capacity)
+			reached, peak := run(20*time.Second, int(0.9*c))
+			lim := l.Stats().Limit
+			t.Logf("C %d: 0.9 C after %v, then at most %d in flight; limit %d", capacity, reached, peak, lim)
+			if reached < 0 || reached > 5*time.Second || float64(peak) > 1.2*c || float64(lim) < 0.9*c || float64(lim) > 1.2*c {
+				t.Fatalf("C %d: 0.9 C after %v (want within 5s), then at most %d in flight (want ≤ 1.2 C), limit %d (want 0.9 C to 1.2 C)", capacity, reached, peak, lim)
+			}
+			capacity /= 2
+			run(5*time.Second, 0)
+			if lim := l.Stats().Limit; float64(lim) > 1.2*c/2 {
+				t.Fatalf("5 s after C halved to %d: limit %d, want at most 1.2 × C/2", capacity, lim)
+			}
+			_, peak = run(10*time.Second, 0)
+			if lim := l.Stats().Limit; float64(lim) < 0.9*c/2 || float64(lim) > 1.2*c/2 || float64(peak) > 1.2*c/2 {
+				t.Fatalf("C halved to %d: limit %d, in flight at most %d; want 0.9 to 1.2 × C/2", capacity, lim, peak)
+			}
+		})
 	}
 }
 
@@ -411,5 +433,37 @@ func TestFailureCutsAtOnce(t *testing.T) {
 	}
 	if lim := l.Stats().Limit; lim != 18 {
 		t.Fatalf("limit 0.9 s after the cut: %d, want 18", lim)
+	}
+}
+
+// BenchmarkAcquireRelease is the fast path: a slot free at once, taken
+// and given back, for one tenant and for a new tenant each time (the
+// tenant's state is made when it has nothing in flight).
+func BenchmarkAcquireRelease(b *testing.B) {
+	tenants := make([]string, 1024)
+	for i := range tenants {
+		tenants[i] = fmt.Sprint("tenant-", i)
+	}
+	for _, bc := range []struct {
+		name string
+		pick func(i int) string
+	}{
+		{"one_tenant", func(int) string { return "a" }},
+		{"many_tenants", func(i int) string { return tenants[i%len(tenants)] }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			l := New(Options{Min: 100, Max: 100, Initial: 100})
+			ctx := context.Background()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				s, _, err := l.Acquire(ctx, bc.pick(i), "", Normal, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Release(time.Millisecond, false)
+				i++
+			}
+		})
 	}
 }
