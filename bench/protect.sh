@@ -84,7 +84,7 @@ def row(label, key, fmt, target=""):
     print(f"| {label} | {fmt(w.get(key))} | {fmt(n.get(key))} | {target} |")
 f2 = lambda v: "–" if v is None else f"{v:.2f}"
 pc = lambda v: "–" if v is None else f"{100*v:.1f}%"
-ms = lambda v: "–" if v is None else f"{v:.0f} ms"
+ms = lambda v: "none served" if not v else f"{v:.0f} ms"
 i = lambda v: "–" if v is None else f"{v}"
 row("in flight at the upstream, p99 (C)", "inflight_p99_first_half", i, f"≤ {1.2*c:.0f} (1.2 C)")
 row("in flight at the upstream, max (C)", "inflight_max_first_half", i)

@@ -24,7 +24,8 @@ type ProtectConfig struct {
 	// the limit shrinks: 1.1 (10%) by default; 1 to 3.
 	Tolerance float64 `json:"tolerance,omitempty"`
 
-	// How much of each update's new limit is taken: above 0, at most 1;
+	// How much of the gradient's decrease each update takes when the
+	// upstream answers slower than the tolerance: above 0, at most 1;
 	// default 0.2 (an update every 100ms).
 	Smoothing float64 `json:"smoothing,omitempty"`
 

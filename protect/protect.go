@@ -9,25 +9,27 @@
 // within a few hundred milliseconds; a shared store would add a round
 // trip to each decision and lag behind). Every update period it compares
 // the period's average latency with a baseline, the lowest latency seen
-// recently:
+// recently. Beyond tolerance × baseline it shrinks by the gradient:
 //
-//	gradient = clamp(tolerance × baseline / latency, 0.5, 1)
-//	limit    = (1 - smoothing) × limit + smoothing × (limit × gradient + growth)
+//	gradient = max(tolerance × baseline / latency, 0.5)
+//	limit    = limit × (1 - smoothing × (1 - gradient))
 //
-// growth is added only while the limit is in use (requests waited, or in
-// flight reached 90% of it): an idle upstream does not earn a higher
-// limit. It is √limit per baseline latency at the baseline, tapering to
-// nothing half way to tolerance × baseline, so the limit holds in a band
-// below the edge instead of overshooting it by the latency's lag. The
-// baseline follows a lower latency at once and a higher one slowly: 1% a
-// second while the limit is not in use, 0.05% a second while it is, so
-// an overload cannot teach it that the latency it causes is normal (the
-// way Gradient2's long average grows without bound under moderate
-// overload); and nothing ever lowers the limit to measure it (Envoy's
-// periodic minRTT window and its 503s). A failed request (the upstream's
-// 5xx or 429, or an error) cuts the limit at once to 0.9 × what is still
-// in flight, and the limit does not grow for a second after. The limit
-// stays within [Min, Max].
+// Below it, while the limit is in use (in flight reached it during the
+// period), it grows in steps of 10% (at least 1, at most
+// √limit), each on the evidence of a cohort: the requests started in one
+// period after the last step, judged once they have all answered (the
+// fastest answer first, so the first answers say nothing of a new limit).
+// The step tapers to nothing half way to tolerance × baseline, and the
+// limit holds between there and the edge. An idle upstream earns no
+// higher limit. The baseline follows a lower latency at once and a higher
+// one slowly: 1% a second while the limit is not in use, 0.05% a second
+// while it is, so an overload cannot teach it that the latency it causes
+// is normal (the way Gradient2's long average grows without bound under
+// moderate overload); and nothing ever lowers the limit to measure it
+// (Envoy's periodic minRTT window and its 503s). A failed request (the
+// upstream's 5xx or 429, or an error) cuts the limit at once to 0.9 ×
+// what is still in flight, and the limit does not grow for a second
+// after. The limit stays within [Min, Max].
 //
 // Fairness: a request that finds the limit reached waits in its tenant's
 // queue. When a slot frees, the next request is the one with the
@@ -38,7 +40,7 @@
 // others wait. A tenant below its fair share (the limit split by weight
 // among the tenants with requests in flight or queued) may take any free
 // slot at once; one at or above it leaves a slot free per other active
-// tenant. Within a tenant, critical requests go first and sheddable ones
+// tenant (at least one, at most a tenth of the limit). Within a tenant, critical requests go first and sheddable ones
 // last.
 //
 // Shedding, CoDel style, per tenant: when a request leaves its tenant's
@@ -109,8 +111,8 @@ type Options struct {
 	// Tolerance is how much slower than the baseline the upstream may be
 	// before the limit shrinks (default 1.1).
 	Tolerance float64
-	// Smoothing is how much of each update's new limit is taken (0 to 1,
-	// default 0.2).
+	// Smoothing is how much of the gradient's decrease each update
+	// takes (0 to 1, default 0.2).
 	Smoothing float64
 	// UpdateEvery is the update period (default 100ms).
 	UpdateEvery time.Duration
@@ -178,8 +180,7 @@ type Limiter struct {
 	// the period started.
 	sum        time.Duration
 	samples    int
-	peak       int  // most in flight during the period
-	waited     bool // a request queued during the period
+	peak       int // most in flight during the period
 	failed     bool
 	baseline   time.Duration
 	periodFrom time.Time
@@ -336,7 +337,6 @@ func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priorit
 	q.fifo[prio] = append(q.fifo[prio], w)
 	q.n++
 	l.queued++
-	l.waited = true
 	if q.index < 0 {
 		heap.Push(&l.ready, q)
 	} else {
@@ -364,10 +364,13 @@ func (l *Limiter) Acquire(ctx context.Context, tenant, tier string, prio Priorit
 // of any queue when ahead is set. Below the limit, a tenant below its
 // fair share (the limit split by weight among the active tenants) may
 // take any free slot; a tenant at or above it leaves one free slot per
-// other active tenant (at most a quarter of the limit). Without that
-// reserve a flooding tenant refills every slot the moment it frees, and
-// the others wait for the next one: with an upstream whose answers come
-// in waves, up to a whole upstream latency.
+// other active tenant, at least one and at most a tenth of the limit.
+// Without that reserve a flooding tenant refills every slot the moment
+// it frees, and the others wait for the next one: with an upstream whose
+// answers come in waves, up to a whole upstream latency. It is small
+// because the limit follows the latency of what is in flight, so it
+// settles higher by the reserve's unused slots, and the light tenants'
+// bursts into the reserve then take the upstream that much further.
 func (l *Limiter) mayTakeLocked(q *tenantQueue, ahead bool) bool {
 	free := int(l.limit) - l.inflight
 	switch {
@@ -376,7 +379,7 @@ func (l *Limiter) mayTakeLocked(q *tenantQueue, ahead bool) bool {
 	case l.belowShareLocked(q):
 		return true
 	}
-	reserve := min(len(l.tenants)-1, int(l.limit)/4)
+	reserve := min(len(l.tenants)-1, max(1, int(l.limit)/10))
 	return ahead && free > reserve
 }
 
@@ -520,7 +523,7 @@ func (s *Slot) release(latency time.Duration, failed, sample bool) {
 // updateLocked ends the period: the baseline and the limit.
 func (l *Limiter) updateLocked(now time.Time) {
 	defer func() {
-		l.sum, l.samples, l.failed, l.waited, l.peak, l.periodFrom = 0, 0, false, l.queued > 0, l.inflight, now
+		l.sum, l.samples, l.failed, l.peak, l.periodFrom = 0, 0, false, l.inflight, now
 	}()
 	if l.samples == 0 {
 		return
@@ -550,7 +553,8 @@ func (l *Limiter) updateLocked(now time.Time) {
 	if g := edge / float64(avg); g < 1 {
 		l.limit *= 1 - l.o.Smoothing*(1-max(g, 0.5))
 	} else if cohort, ok := l.cohortLatencyLocked(now); ok {
-		// Below it, while the limit is in use, it grows in steps of 10%
+		// Below it, while the limit is in use (in flight reached it
+		// during the period), it grows in steps of 10%
 		// (at least 1, at most √limit), each on the evidence of a whole
 		// cohort: the requests started in one period, judged once they
 		// have all answered. Latency tells of a new limit one upstream
@@ -561,7 +565,7 @@ func (l *Limiter) updateLocked(now time.Time) {
 		// failure cut it.
 		mid := (edge + float64(l.baseline)) / 2
 		headroom := (mid - cohort) / (mid - float64(l.baseline))
-		if headroom > 0 && (l.waited || float64(l.peak) >= 0.9*l.limit) && now.Sub(l.cutAt) >= max(time.Second, 2*l.baseline) {
+		if headroom > 0 && l.peak >= int(l.limit) && now.Sub(l.cutAt) >= max(time.Second, 2*l.baseline) {
 			l.limit += min(headroom, 1) * max(1, min(math.Sqrt(l.limit), l.limit/10))
 		}
 		l.newCohortLocked(now)

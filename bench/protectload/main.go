@@ -281,7 +281,8 @@ loop:
 			if *metrics != "" {
 				lim := protectLimit(client, *metrics)
 				limits = append(limits, lim)
-				if halved && followed < 0 && lim >= 0 && lim <= 1.2*float64(*capacity/2) {
+				// 0: no protect block (the gauge exists, its limit is at least 1).
+				if halved && followed < 0 && lim > 0 && lim <= 1.2*float64(*capacity/2) {
 					followed = time.Since(halvedAt).Seconds()
 				}
 			}
