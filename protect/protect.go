@@ -14,8 +14,8 @@
 //	gradient = max(tolerance × baseline / latency, 0.5)
 //	limit    = limit × (1 - smoothing × (1 - gradient))
 //
-// Below it, while the limit is in use (in flight reached it during the
-// period), it grows in steps of 10% (at least 1, at most
+// Below it, while the limit is in use (in flight reached it, but for the
+// reserve, during the period), it grows in steps of 10% (at least 1, at most
 // √limit), each on the evidence of a cohort: the requests started in one
 // period after the last step, judged once they have all answered (the
 // fastest answer first, so the first answers say nothing of a new limit).
@@ -26,10 +26,10 @@
 // while it is, so an overload cannot teach it that the latency it causes
 // is normal (the way Gradient2's long average grows without bound under
 // moderate overload); and nothing ever lowers the limit to measure it
-// (Envoy's periodic minRTT window and its 503s). A failed request (the
-// upstream's 5xx or 429, or an error) cuts the limit at once to 0.9 ×
-// what is still in flight, and the limit does not grow for a second
-// after. The limit stays within [Min, Max].
+// (Envoy's periodic minRTT window and its 503s). Once failures are a
+// fifth of the recent answers, each failure cuts the limit at once to
+// 0.9 × what is still in flight, and the limit does not grow for a
+// second after. The limit stays within [Min, Max].
 //
 // Fairness: a request that finds the limit reached waits in its tenant's
 // queue. When a slot frees, the next request is the one with the
@@ -87,6 +87,14 @@ func ParsePriority(s string) Priority {
 	}
 	return Normal
 }
+
+// failWeight is the weight of each answer in the failure rate (about the
+// last 10 answers), and overloadFailRate the rate at which failures cut
+// the limit: three failures in a row, or one answer in five for a while.
+const (
+	failWeight       = 0.1
+	overloadFailRate = 0.2
+)
 
 // Reasons a request is shed.
 const (
@@ -184,8 +192,11 @@ type Limiter struct {
 	failed     bool
 	baseline   time.Duration
 	periodFrom time.Time
-	// cutAt is when a failure last cut the limit.
-	cutAt time.Time
+	// failRate is the share of failures among the recent answers (an
+	// average weighted by failWeight); cutAt is when a failure last cut
+	// the limit.
+	failRate float64
+	cutAt    time.Time
 	// The cohort: the requests started in [cohortFrom, cohortUntil),
 	// how many, how many have answered and their latencies' sum. The
 	// limit grows only on a whole cohort's evidence (see updateLocked).
@@ -379,8 +390,13 @@ func (l *Limiter) mayTakeLocked(q *tenantQueue, ahead bool) bool {
 	case l.belowShareLocked(q):
 		return true
 	}
-	reserve := min(len(l.tenants)-1, max(1, int(l.limit)/10))
-	return ahead && free > reserve
+	return ahead && free > l.reserveLocked()
+}
+
+// reserveLocked is how many slots a tenant at or above its share leaves
+// free.
+func (l *Limiter) reserveLocked() int {
+	return min(len(l.tenants)-1, max(1, int(l.limit)/10))
 }
 
 // belowShareLocked says whether q has fewer requests in flight than its
@@ -419,6 +435,9 @@ func (l *Limiter) abandon(w *waiter, why error) error {
 				q.n--
 				l.queued--
 				l.fixLocked(q)
+				// Its tenant may be gone: the shares and the reserve
+				// changed, and a waiting request may take a slot now.
+				l.dispatchLocked(l.o.Now())
 				l.mu.Unlock()
 				return why
 			}
@@ -478,7 +497,8 @@ func (l *Limiter) forgetLocked(q *tenantQueue) {
 }
 
 // Release gives the slot back. latency is how long the upstream took;
-// failed says it failed (5xx, 429, an error).
+// failed says it failed the way an overloaded upstream does (the caller
+// decides: package surface counts 429, 502, 503 and 504).
 func (s *Slot) Release(latency time.Duration, failed bool) {
 	s.release(latency, failed, true)
 }
@@ -497,16 +517,21 @@ func (s *Slot) release(latency time.Duration, failed, sample bool) {
 	switch {
 	case sample && failed:
 		// A failure says nothing of the latency (an overloaded upstream
-		// refuses fast): it cuts the limit below what is in flight now,
-		// at once, since an overloaded upstream refuses the next
-		// requests in microseconds. Cutting to a fraction of what is in
-		// flight, not of the limit, makes a burst of failures one cut,
-		// not a collapse: the next failure cuts again only once fewer
-		// requests are in flight.
-		l.failed = true
-		l.cutAt = now
-		l.limit = max(min(l.limit, 0.9*float64(l.inflight)), float64(l.o.Min))
+		// refuses fast). Once failures are a fifth of the recent answers
+		// (an overload, not a broken endpoint's trickle), each cuts the
+		// limit below what is in flight now, at once: an overloaded
+		// upstream refuses the next requests in microseconds. Cutting
+		// to a fraction of what is in flight, not of the limit, makes a
+		// burst of failures one cut, not a collapse: the next failure
+		// cuts again only once fewer requests are in flight.
+		l.failRate += failWeight * (1 - l.failRate)
+		if l.failRate >= overloadFailRate {
+			l.failed = true
+			l.cutAt = now
+			l.limit = max(min(l.limit, 0.9*float64(l.inflight)), float64(l.o.Min))
+		}
 	case sample:
+		l.failRate -= failWeight * l.failRate
 		l.sum += latency
 		l.samples++
 		if s.cohort == l.cohort {
@@ -553,8 +578,8 @@ func (l *Limiter) updateLocked(now time.Time) {
 	if g := edge / float64(avg); g < 1 {
 		l.limit *= 1 - l.o.Smoothing*(1-max(g, 0.5))
 	} else if cohort, ok := l.cohortLatencyLocked(now); ok {
-		// Below it, while the limit is in use (in flight reached it
-		// during the period), it grows in steps of 10%
+		// Below it, while the limit is in use (in flight reached it,
+		// but for the reserve, during the period), it grows in steps of 10%
 		// (at least 1, at most √limit), each on the evidence of a whole
 		// cohort: the requests started in one period, judged once they
 		// have all answered. Latency tells of a new limit one upstream
@@ -565,7 +590,7 @@ func (l *Limiter) updateLocked(now time.Time) {
 		// failure cut it.
 		mid := (edge + float64(l.baseline)) / 2
 		headroom := (mid - cohort) / (mid - float64(l.baseline))
-		if headroom > 0 && l.peak >= int(l.limit) && now.Sub(l.cutAt) >= max(time.Second, 2*l.baseline) {
+		if headroom > 0 && l.peak >= int(l.limit)-l.reserveLocked() && now.Sub(l.cutAt) >= max(time.Second, 2*l.baseline) {
 			l.limit += min(headroom, 1) * max(1, min(math.Sqrt(l.limit), l.limit/10))
 		}
 		l.newCohortLocked(now)
@@ -616,14 +641,19 @@ func (l *Limiter) dispatchLocked(now time.Time) {
 	for l.queued > 0 {
 		q := l.ready[0]
 		if !l.mayTakeLocked(q, true) {
-			return
+			// The head is held back by the reserve (or no slot is
+			// free): the reserve is for the tenants below their share,
+			// who may be further down.
+			if q = l.belowShareQueuedLocked(); q == nil {
+				return
+			}
 		}
 		w := q.pop()
 		l.queued--
 		if q.n == 0 {
-			heap.Pop(&l.ready)
+			heap.Remove(&l.ready, q.index)
 		} else {
-			heap.Fix(&l.ready, 0)
+			heap.Fix(&l.ready, q.index)
 		}
 		l.vtime = max(l.vtime, w.finish-1/q.weight)
 		if l.fitsShareLocked(q) {
@@ -641,6 +671,23 @@ func (l *Limiter) dispatchLocked(now time.Time) {
 		w.cohort = l.startedLocked(now)
 		w.done <- nil
 	}
+}
+
+// belowShareQueuedLocked is the queued tenant below its share whose head
+// finishes first, when a slot is free, else nil. It walks every queued
+// tenant, and runs only when the fairest one is held back by the reserve
+// while a slot is free.
+func (l *Limiter) belowShareQueuedLocked() *tenantQueue {
+	if int(l.limit)-l.inflight <= 0 {
+		return nil
+	}
+	var best *tenantQueue
+	for _, q := range l.ready {
+		if l.belowShareLocked(q) && (best == nil || q.head().finish < best.head().finish) {
+			best = q
+		}
+	}
+	return best
 }
 
 // shed is CoDel's decision for w, leaving q now.

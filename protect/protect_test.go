@@ -402,11 +402,12 @@ func TestReserveForTenantsBelowShare(t *testing.T) {
 	}
 }
 
-// TestFailureCutsAtOnce: an upstream failure lowers the limit below what
-// is in flight at once, not at the end of the period (an overloaded
-// upstream answers the next requests with failures in microseconds); a
-// burst of failures cuts to 0.9 of what is still in flight, not 0.9 per
-// failure.
+// TestFailureCutsAtOnce: once failures are a fifth of the recent answers
+// (three in a row), each lowers the limit below what is in flight at
+// once, not at the end of the period (an overloaded upstream answers the
+// next requests with failures in microseconds); a burst of failures cuts
+// to 0.9 of what is still in flight, not 0.9 per failure; and a failure
+// among many successes cuts nothing.
 func TestFailureCutsAtOnce(t *testing.T) {
 	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
 	l := New(Options{Min: 2, Max: 100, Initial: 40, Now: clk.now})
@@ -417,13 +418,18 @@ func TestFailureCutsAtOnce(t *testing.T) {
 	}
 	clk.add(10 * time.Millisecond)
 	slots[0].Release(time.Millisecond, true)
-	if lim := l.Stats().Limit; lim != 26 { // 0.9 × 29 in flight
-		t.Fatalf("limit after a failure with 29 in flight: %d, want 26", lim)
+	slots[1].Release(time.Millisecond, true)
+	if lim := l.Stats().Limit; lim != 40 {
+		t.Fatalf("limit after two failures: %d, want 40 (not yet a fifth of the answers)", lim)
 	}
-	for _, s := range slots[1:10] {
+	slots[2].Release(time.Millisecond, true)
+	if lim := l.Stats().Limit; lim != 24 { // 0.9 × 27 in flight
+		t.Fatalf("limit after a third failure with 27 in flight: %d, want 24", lim)
+	}
+	for _, s := range slots[3:10] {
 		s.Release(time.Millisecond, true)
 	}
-	if lim := l.Stats().Limit; lim != 18 { // 0.9 × 20, not 40 × 0.9^10
+	if lim := l.Stats().Limit; lim != 18 { // 0.9 × 20, not 40 × 0.9^8
 		t.Fatalf("limit after 10 failures with 20 left in flight: %d, want 18", lim)
 	}
 	// No growth for a second after the cut, however fast the answers.

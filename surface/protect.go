@@ -118,8 +118,7 @@ func (h *Server) serveProtected(w http.ResponseWriter, r *http.Request, repl *ca
 	start := time.Now()
 	defer func() {
 		sw.ResponseWriter = nil
-		status := statusOf(sw.status, err)
-		failed := status >= 500 || status == http.StatusTooManyRequests
+		failed := overloadAnswer(statusOf(sw.status, err))
 		if rec := recover(); rec != nil {
 			slot.Release(time.Since(start), true)
 			panic(rec)
@@ -127,6 +126,17 @@ func (h *Server) serveProtected(w http.ResponseWriter, r *http.Request, repl *ca
 		slot.Release(time.Since(start), failed)
 	}()
 	return h.serveAdmitted(sw, r, next, st)
+}
+
+// overloadAnswer says whether status is what an overloaded upstream, or
+// the proxy in front of it, answers: 429, 502, 503 or 504. A 500 is the
+// application's own failure, and says nothing of the load.
+func overloadAnswer(status int) bool {
+	switch status {
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
 }
 
 // tierLabel is tier as a metric label: a weighted tier, else "other".
