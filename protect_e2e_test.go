@@ -91,3 +91,72 @@ func TestProtect(t *testing.T) {
 		t.Error("no protect_inflight gauge")
 	}
 }
+
+// TestProtectReserve: through Caddy, a tenant flooding the queue leaves a
+// slot free while another tenant is active, and that tenant's next
+// request (below its fair share) takes it at once instead of waiting
+// behind the flood for one of its requests to end.
+func TestProtectReserve(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	arrived := map[string]int{}
+	upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrived[r.Header.Get("X-Tenant")]++
+		mu.Unlock()
+		<-release
+	}))
+	s := startCaddyAdmin(t, "", `
+	handle {
+		rate_limit {
+			tenant {http.request.header.X-Tenant}
+			policy prr_api {
+				limit 1000
+				window 1h
+			}
+			protect {
+				min 4
+				max 4
+				initial 4
+				queue_limit 20
+				max_wait 10s
+				target_wait 10s
+			}
+		}
+		reverse_proxy `+upstream+`
+	}`, nil)
+	protectState := func() (inFlight, queued float64) {
+		h := s.adminOK("GET", "/rate_limit/protect", "")["handlers"].([]any)[0].(map[string]any)
+		return h["in_flight"].(float64), h["queued"].(float64)
+	}
+	results := make(chan int, 8)
+	send := func(tenant string) { go func() { results <- s.get("/", "X-Tenant", tenant).status }() }
+	send("prr_light")
+	waitFor(t, func() bool { f, _ := protectState(); return f == 1 })
+	// The flood: 2 slots (its share of 4 between two tenants), then it
+	// leaves one free and queues the rest.
+	for range 6 {
+		send("prr_flood")
+	}
+	waitFor(t, func() bool { f, q := protectState(); return f == 3 && q == 4 })
+	send("prr_light")
+	waitFor(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return arrived["prr_light"] == 2
+	})
+	if f, q := protectState(); f != 4 || q != 4 {
+		t.Errorf("after the light tenant's second request: %v in flight, %v queued; want 4 and 4", f, q)
+	}
+	mu.Lock()
+	if arrived["prr_flood"] != 2 {
+		t.Errorf("the flood reached the upstream %d times, want 2", arrived["prr_flood"])
+	}
+	mu.Unlock()
+	close(release)
+	for range 8 {
+		if st := <-results; st != http.StatusOK {
+			t.Fatalf("status %d", st)
+		}
+	}
+}
