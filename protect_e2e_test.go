@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestProtect: with the limit at 1 request in flight, a second request
@@ -159,4 +160,141 @@ func TestProtectReserve(t *testing.T) {
 			t.Fatalf("status %d", st)
 		}
 	}
+}
+
+// TestProtectWithTheRest: protect beside the handler's other features.
+//   - shadow: nothing waits and nothing is shed; a request that would have
+//     waited is counted as shed_total{reason="shadow"};
+//   - delay: a request the rate limit delays waits for its turn first, then
+//     for a slot, and passes;
+//   - metering: a metered answer through a protected slot is charged what
+//     the upstream reported.
+func TestProtectWithTheRest(t *testing.T) {
+	t.Run("shadow", func(t *testing.T) {
+		release := make(chan struct{})
+		var mu sync.Mutex
+		inflight, most := 0, 0
+		upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			inflight++
+			most = max(most, inflight)
+			mu.Unlock()
+			<-release
+			mu.Lock()
+			inflight--
+			mu.Unlock()
+		}))
+		s := startCaddyAdmin(t, "", `
+	handle /metrics {
+		metrics
+	}
+	handle {
+		rate_limit {
+			tenant {http.request.header.X-Tenant}
+			shadow
+			policy prs_api {
+				limit 1000
+				window 1h
+			}
+			protect {
+				min 1
+				max 1
+				initial 1
+			}
+		}
+		reverse_proxy `+upstream+`
+	}`, nil)
+		// The metrics outlive a config (and a test): count the difference.
+		before := scrapeMetrics(t, s.base+"/metrics").value("caddy_rate_limit_shed_total", "reason", "shadow")
+		results := make(chan int, 3)
+		for range 3 {
+			go func() { results <- s.get("/", "X-Tenant", "prs_a").status }()
+		}
+		waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return inflight == 3 })
+		close(release)
+		for range 3 {
+			if st := <-results; st != http.StatusOK {
+				t.Fatalf("shadow: status %d", st)
+			}
+		}
+		shed := scrapeMetrics(t, s.base+"/metrics").value("caddy_rate_limit_shed_total", "reason", "shadow") - before
+		if most != 3 || shed != 2 {
+			t.Errorf("shadow, limit 1: %d in flight at once (want 3), shed_total{shadow} +%v (want +2)", most, shed)
+		}
+	})
+	t.Run("delay", func(t *testing.T) {
+		var mu sync.Mutex
+		inflight, most := 0, 0
+		upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			inflight++
+			most = max(most, inflight)
+			mu.Unlock()
+			time.Sleep(50 * time.Millisecond)
+			mu.Lock()
+			inflight--
+			mu.Unlock()
+		}))
+		s := startCaddy(t, "", `
+	rate_limit {
+		tenant {http.request.header.X-Tenant}
+		policy prd_api {
+			algorithm token_bucket
+			limit 4
+			window 1s
+			burst 1
+			delay 2s
+		}
+		protect {
+			min 1
+			max 1
+			initial 1
+		}
+	}
+	reverse_proxy `+upstream, nil)
+		start := time.Now()
+		results := make(chan int, 3)
+		for range 3 {
+			go func() { results <- s.get("/", "X-Tenant", "prd_a").status }()
+		}
+		for range 3 {
+			if st := <-results; st != http.StatusOK {
+				t.Fatalf("delay: status %d", st)
+			}
+		}
+		// Turns 250ms apart: the third passes after about 500ms.
+		if took := time.Since(start); most != 1 || took < 450*time.Millisecond {
+			t.Errorf("delay: %d in flight at once (want 1), all done in %v (want ≥ 450ms: the rate limit's turns)", most, took)
+		}
+	})
+	t.Run("metering", func(t *testing.T) {
+		up := newLLMUpstream(t)
+		s := startCaddyAdmin(t, "", `
+	handle {
+		rate_limit {
+			tenant {http.request.header.X-Tenant}
+			policy prm_tokens {
+				algorithm token_bucket
+				limit 100
+				window 1h
+				cost_after json usage.total_tokens
+			}
+			protect {
+				min 1
+				max 1
+				initial 1
+			}
+		}
+		reverse_proxy `+up.addr+`
+	}`, nil)
+		for range 2 {
+			if res := s.get("/json/x?tokens=30", "X-Tenant", "prm_a"); res.status != http.StatusOK {
+				t.Fatalf("metering: status %d", res.status)
+			}
+		}
+		u := s.adminOK("GET", "/rate_limit/usage?tenant=prm_a&policy=prm_tokens", "")
+		if got := adminPolicy(t, u, "prm_tokens")["remaining"]; got != 40.0 {
+			t.Errorf("metering: remaining %v, want 40 (two answers of 30 tokens)", got)
+		}
+	})
 }
