@@ -27,14 +27,15 @@ var layers = [][]string{
 // outside are packages outside the layers: what they may import of the
 // module (helpers below everything, and the binaries above it).
 var outside = map[string][]string{
-	"internal/topk":      nil,
-	"internal/usage":     nil,
-	"internal/llm":       {"internal/usage"},
-	"internal/redistest": nil,
-	"internal/caddyreq":  nil,
-	"cmd/caddy":          {"."},
-	"bench/luasrc":       {"lua"},
-	"bench/protectload":  nil,
+	"internal/topk":        nil,
+	"internal/usage":       nil,
+	"internal/llm":         {"internal/usage"},
+	"internal/redistest":   nil,
+	"internal/caddyreq":    nil,
+	"internal/manualclock": nil,
+	"cmd/caddy":            {"."},
+	"bench/luasrc":         {"lua"},
+	"bench/protectload":    nil,
 	// bench/peers is a module of its own: the peers bench/run.sh measures
 	// Tollgate against, not part of the product.
 	"bench/peers/redisrate": nil,

@@ -15,18 +15,7 @@ import (
 // limits deny never takes a slot.
 func TestProtect(t *testing.T) {
 	release := make(chan struct{})
-	var mu sync.Mutex
-	inflight, most := 0, 0
-	upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		inflight++
-		most = max(most, inflight)
-		mu.Unlock()
-		<-release
-		mu.Lock()
-		inflight--
-		mu.Unlock()
-	}))
+	up := newCountingUpstream(t, func() { <-release })
 	s := startCaddyAdmin(t, "", `
 	handle /metrics {
 		metrics
@@ -47,7 +36,7 @@ func TestProtect(t *testing.T) {
 				target_wait 10s
 			}
 		}
-		reverse_proxy `+upstream+`
+		reverse_proxy `+up.addr+`
 	}`, nil)
 	s.adminOK("POST", "/rate_limit/reset?tenant=pr_a", "")
 	results := make(chan int, 2)
@@ -70,7 +59,7 @@ func TestProtect(t *testing.T) {
 			t.Fatalf("queued request: %d", st)
 		}
 	}
-	if most != 1 {
+	if most := up.most(); most != 1 {
 		t.Errorf("%d requests in flight at the upstream, limit 1", most)
 	}
 	// The shed request's unit was given back: 2 of 3 used.
@@ -99,14 +88,7 @@ func TestProtect(t *testing.T) {
 // behind the flood for one of its requests to end.
 func TestProtectReserve(t *testing.T) {
 	release := make(chan struct{})
-	var mu sync.Mutex
-	arrived := map[string]int{}
-	upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		arrived[r.Header.Get("X-Tenant")]++
-		mu.Unlock()
-		<-release
-	}))
+	up := newCountingUpstream(t, func() { <-release })
 	s := startCaddyAdmin(t, "", `
 	handle {
 		rate_limit {
@@ -124,7 +106,7 @@ func TestProtectReserve(t *testing.T) {
 				target_wait 10s
 			}
 		}
-		reverse_proxy `+upstream+`
+		reverse_proxy `+up.addr+`
 	}`, nil)
 	protectState := func() (inFlight, queued float64) {
 		h := s.adminOK("GET", "/rate_limit/protect", "")["handlers"].([]any)[0].(map[string]any)
@@ -141,19 +123,13 @@ func TestProtectReserve(t *testing.T) {
 	}
 	waitFor(t, func() bool { f, q := protectState(); return f == 3 && q == 4 })
 	send("prr_light")
-	waitFor(t, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return arrived["prr_light"] == 2
-	})
+	waitFor(t, func() bool { return up.arrivals("prr_light") == 2 })
 	if f, q := protectState(); f != 4 || q != 4 {
 		t.Errorf("after the light tenant's second request: %v in flight, %v queued; want 4 and 4", f, q)
 	}
-	mu.Lock()
-	if arrived["prr_flood"] != 2 {
-		t.Errorf("the flood reached the upstream %d times, want 2", arrived["prr_flood"])
+	if n := up.arrivals("prr_flood"); n != 2 {
+		t.Errorf("the flood reached the upstream %d times, want 2", n)
 	}
-	mu.Unlock()
 	close(release)
 	for range 8 {
 		if st := <-results; st != http.StatusOK {
@@ -172,18 +148,7 @@ func TestProtectReserve(t *testing.T) {
 func TestProtectWithTheRest(t *testing.T) {
 	t.Run("shadow", func(t *testing.T) {
 		release := make(chan struct{})
-		var mu sync.Mutex
-		inflight, most := 0, 0
-		upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			inflight++
-			most = max(most, inflight)
-			mu.Unlock()
-			<-release
-			mu.Lock()
-			inflight--
-			mu.Unlock()
-		}))
+		up := newCountingUpstream(t, func() { <-release })
 		s := startCaddyAdmin(t, "", `
 	handle /metrics {
 		metrics
@@ -202,7 +167,7 @@ func TestProtectWithTheRest(t *testing.T) {
 				initial 1
 			}
 		}
-		reverse_proxy `+upstream+`
+		reverse_proxy `+up.addr+`
 	}`, nil)
 		// The metrics outlive a config (and a test): count the difference.
 		before := scrapeMetrics(t, s.base+"/metrics").value("caddy_rate_limit_shed_total", "reason", "shadow")
@@ -210,7 +175,7 @@ func TestProtectWithTheRest(t *testing.T) {
 		for range 3 {
 			go func() { results <- s.get("/", "X-Tenant", "prs_a").status }()
 		}
-		waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return inflight == 3 })
+		waitFor(t, func() bool { return up.inFlight() == 3 })
 		close(release)
 		for range 3 {
 			if st := <-results; st != http.StatusOK {
@@ -218,23 +183,12 @@ func TestProtectWithTheRest(t *testing.T) {
 			}
 		}
 		shed := scrapeMetrics(t, s.base+"/metrics").value("caddy_rate_limit_shed_total", "reason", "shadow") - before
-		if most != 3 || shed != 2 {
+		if most := up.most(); most != 3 || shed != 2 {
 			t.Errorf("shadow, limit 1: %d in flight at once (want 3), shed_total{shadow} +%v (want +2)", most, shed)
 		}
 	})
 	t.Run("delay", func(t *testing.T) {
-		var mu sync.Mutex
-		inflight, most := 0, 0
-		upstream := newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			mu.Lock()
-			inflight++
-			most = max(most, inflight)
-			mu.Unlock()
-			time.Sleep(50 * time.Millisecond)
-			mu.Lock()
-			inflight--
-			mu.Unlock()
-		}))
+		up := newCountingUpstream(t, func() { time.Sleep(50 * time.Millisecond) })
 		s := startCaddy(t, "", `
 	rate_limit {
 		tenant {http.request.header.X-Tenant}
@@ -251,7 +205,7 @@ func TestProtectWithTheRest(t *testing.T) {
 			initial 1
 		}
 	}
-	reverse_proxy `+upstream, nil)
+	reverse_proxy `+up.addr, nil)
 		start := time.Now()
 		results := make(chan int, 3)
 		for range 3 {
@@ -263,7 +217,7 @@ func TestProtectWithTheRest(t *testing.T) {
 			}
 		}
 		// Turns 250ms apart: the third passes after about 500ms.
-		if took := time.Since(start); most != 1 || took < 450*time.Millisecond {
+		if took, most := time.Since(start), up.most(); most != 1 || took < 450*time.Millisecond {
 			t.Errorf("delay: %d in flight at once (want 1), all done in %v (want ≥ 450ms: the rate limit's turns)", most, took)
 		}
 	})
@@ -297,4 +251,39 @@ func TestProtectWithTheRest(t *testing.T) {
 			t.Errorf("metering: remaining %v, want 40 (two answers of 30 tokens)", got)
 		}
 	})
+}
+
+// countingUpstream is an upstream that counts its requests in flight,
+// the most at once, and the arrivals of each X-Tenant; each request runs
+// wait before it answers.
+type countingUpstream struct {
+	addr string
+
+	mu             sync.Mutex
+	inflight, peak int
+	arrived        map[string]int
+}
+
+func newCountingUpstream(t *testing.T, wait func()) *countingUpstream {
+	u := &countingUpstream{arrived: map[string]int{}}
+	u.addr = newHTTPServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.inflight++
+		u.peak = max(u.peak, u.inflight)
+		u.arrived[r.Header.Get("X-Tenant")]++
+		u.mu.Unlock()
+		wait()
+		u.mu.Lock()
+		u.inflight--
+		u.mu.Unlock()
+	}))
+	return u
+}
+
+func (u *countingUpstream) inFlight() int { u.mu.Lock(); defer u.mu.Unlock(); return u.inflight }
+func (u *countingUpstream) most() int     { u.mu.Lock(); defer u.mu.Unlock(); return u.peak }
+func (u *countingUpstream) arrivals(tenant string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.arrived[tenant]
 }

@@ -4,27 +4,15 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/manualclock"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
-
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // newTestHistory is a History on a private in-process map ("memory") or
 // on a real Redis ("redis"), closed when the test ends.
@@ -51,8 +39,8 @@ func TestHistorySeries(t *testing.T) {
 	for _, kind := range []string{"memory", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			h := newTestHistory(t, kind)
-			clk := &fakeClock{t: time.Date(2026, 11, 26, 10, 58, 30, 0, time.UTC)}
-			h.now = clk.now
+			clk := manualclock.New(time.Date(2026, 11, 26, 10, 58, 30, 0, time.UTC))
+			h.now = clk.Now
 			h.Note("api", "acme", 5, 0, 0)
 			h.Note("api", "acme", 2, 1, 0)
 			h.Note("api", "other", 100, 0, 0)
@@ -80,9 +68,9 @@ func TestHistorySeries(t *testing.T) {
 					t.Errorf("%s: hours %v", when, hs)
 				}
 			}
-			clk.add(time.Minute) // 10:59:30
+			clk.Advance(time.Minute) // 10:59:30
 			h.Note("api", "acme", 0, 0, 3)
-			clk.add(time.Minute) // 11:00:30: the next hour, and its hash
+			clk.Advance(time.Minute) // 11:00:30: the next hour, and its hash
 			h.Note("api", "acme", 4, 0, 0)
 			check("pending")
 			h.Flush(ctx)
@@ -181,23 +169,23 @@ func TestHistoryTop(t *testing.T) {
 	for _, kind := range []string{"memory", "redis"} {
 		t.Run(kind, func(t *testing.T) {
 			h := newTestHistory(t, kind)
-			clk := &fakeClock{t: time.Now().Truncate(time.Hour).Add(-90 * time.Minute)}
-			h.now = clk.now
+			clk := manualclock.New(time.Now().Truncate(time.Hour).Add(-90 * time.Minute))
+			h.now = clk.Now
 			h.Note("api", "a", 10, 0, 0)
 			h.Note("api", "b", 30, 0, 0)
 			h.Note("api", "c", 0, 5, 0) // denials only: not a consumer
 			h.Note("other", "z", 1000, 0, 0)
 			h.Flush(context.Background())
-			clk.add(time.Hour)
+			clk.Advance(time.Hour)
 			h.Note("api", "a", 25, 0, 0) // pending
-			top, err := h.Top(context.Background(), "api", clk.now().Add(-2*time.Hour), clk.now(), 10)
+			top, err := h.Top(context.Background(), "api", clk.Now().Add(-2*time.Hour), clk.Now(), 10)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if fmt.Sprint(top) != "[{a 35} {b 30}]" {
 				t.Fatalf("top %v", top)
 			}
-			if top, _ := h.Top(context.Background(), "api", clk.now().Add(-2*time.Hour), clk.now(), 1); len(top) != 1 || top[0].Tenant != "a" {
+			if top, _ := h.Top(context.Background(), "api", clk.Now().Add(-2*time.Hour), clk.Now(), 1); len(top) != 1 || top[0].Tenant != "a" {
 				t.Fatalf("top 1: %v", top)
 			}
 		})

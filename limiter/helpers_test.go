@@ -2,38 +2,16 @@ package limiter
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/manualclock"
 )
 
 // manualClock is a Clock that only moves when told to.
-type manualClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type manualClock = manualclock.Clock
 
-func newManualClock(t time.Time) *manualClock { return &manualClock{t: t} }
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Advance moves the clock forward by d.
-func (c *manualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-// Set moves the clock to t (backwards too).
-func (c *manualClock) Set(t time.Time) {
-	c.mu.Lock()
-	c.t = t
-	c.mu.Unlock()
-}
+func newManualClock(t time.Time) *manualClock { return manualclock.New(t) }
 
 // baseTime is aligned to the hour, so windows of 1s, 10s, 1m and 1h start on it.
 var baseTime = time.Unix(1_699_999_200, 0)

@@ -7,20 +7,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/manualclock"
 )
-
-// fakeClock is a clock the test moves.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // TestAdaptsToCapacity simulates an upstream whose latency is flat up to
 // C requests in flight and grows in proportion beyond (the latency of a
@@ -38,8 +27,8 @@ func TestAdaptsToCapacity(t *testing.T) {
 		{200 * time.Millisecond, 40},
 	} {
 		t.Run(fmt.Sprint(tc.latency, "_C", tc.capacity), func(t *testing.T) {
-			clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-			l := New(Options{Min: 2, Max: 1000, Now: clk.now})
+			clk := manualclock.New(time.Unix(1_800_000_000, 0))
+			l := New(Options{Min: 2, Max: 1000, Now: clk.Now})
 			capacity := tc.capacity
 			type req struct {
 				s   *Slot
@@ -51,9 +40,9 @@ func TestAdaptsToCapacity(t *testing.T) {
 			// flight from then on.
 			run := func(d time.Duration, reach int) (reached time.Duration, peak int) {
 				reached = -1
-				from := clk.now()
-				for end := from.Add(d); clk.now().Before(end); clk.add(time.Millisecond) {
-					now := clk.now()
+				from := clk.Now()
+				for end := from.Add(d); clk.Now().Before(end); clk.Advance(time.Millisecond) {
+					now := clk.Now()
 					kept := inflight[:0]
 					for _, r := range inflight {
 						if !now.Before(r.end) {
@@ -108,12 +97,12 @@ func TestAdaptsToCapacity(t *testing.T) {
 // refusals do not become the latency baseline (which would pin the limit
 // to its floor).
 func TestFastFailuresDoNotTeachTheBaseline(t *testing.T) {
-	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	l := New(Options{Min: 2, Max: 100, Initial: 40, Now: clk.now})
+	clk := manualclock.New(time.Unix(1_800_000_000, 0))
+	l := New(Options{Min: 2, Max: 100, Initial: 40, Now: clk.Now})
 	for range 20 { // 2 s of 200 ms answers at 40 in flight
 		for range 40 {
 			s, _, _ := tryAcquire(l)
-			clk.add(2500 * time.Microsecond)
+			clk.Advance(2500 * time.Microsecond)
 			s.Release(200*time.Millisecond, false)
 		}
 	}
@@ -121,7 +110,7 @@ func TestFastFailuresDoNotTeachTheBaseline(t *testing.T) {
 	for range 5 { // then fast refusals
 		for range 40 {
 			s, _, _ := tryAcquire(l)
-			clk.add(2500 * time.Microsecond)
+			clk.Advance(2500 * time.Microsecond)
 			s.Release(50*time.Microsecond, true)
 		}
 	}
@@ -409,14 +398,14 @@ func TestReserveForTenantsBelowShare(t *testing.T) {
 // to 0.9 of what is still in flight, not 0.9 per failure; and a failure
 // among many successes cuts nothing.
 func TestFailureCutsAtOnce(t *testing.T) {
-	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	l := New(Options{Min: 2, Max: 100, Initial: 40, Now: clk.now})
+	clk := manualclock.New(time.Unix(1_800_000_000, 0))
+	l := New(Options{Min: 2, Max: 100, Initial: 40, Now: clk.Now})
 	var slots []*Slot
 	for range 30 {
 		s, _, _ := tryAcquire(l)
 		slots = append(slots, s)
 	}
-	clk.add(10 * time.Millisecond)
+	clk.Advance(10 * time.Millisecond)
 	slots[0].Release(time.Millisecond, true)
 	slots[1].Release(time.Millisecond, true)
 	if lim := l.Stats().Limit; lim != 40 {
@@ -434,7 +423,7 @@ func TestFailureCutsAtOnce(t *testing.T) {
 	}
 	// No growth for a second after the cut, however fast the answers.
 	for _, s := range slots[10:19] {
-		clk.add(100 * time.Millisecond)
+		clk.Advance(100 * time.Millisecond)
 		s.Release(time.Millisecond, false)
 	}
 	if lim := l.Stats().Limit; lim != 18 {

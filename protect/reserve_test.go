@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/manualclock"
 )
 
 // takeNow is Acquire's fast path without the queue: a slot for tenant
@@ -124,8 +126,8 @@ func TestAbandonRedispatches(t *testing.T) {
 // is a tenant with one long-lived request in flight throughout; failEvery,
 // when set, makes one flood request fail per failEvery.
 func floodSim(d time.Duration, hold bool, failEvery time.Duration) (*Limiter, int) {
-	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	l := New(Options{Min: 2, Max: 1000, Initial: 20, Now: clk.now})
+	clk := manualclock.New(time.Unix(1_800_000_000, 0))
+	l := New(Options{Min: 2, Max: 1000, Initial: 20, Now: clk.Now})
 	const latency = 20 * time.Millisecond
 	type req struct {
 		s   *Slot
@@ -136,9 +138,9 @@ func floodSim(d time.Duration, hold bool, failEvery time.Duration) (*Limiter, in
 	if hold {
 		long = takeNow(l, "light")
 	}
-	nextFail := clk.now().Add(failEvery)
-	for end := clk.now().Add(d); clk.now().Before(end); clk.add(time.Millisecond) {
-		now := clk.now()
+	nextFail := clk.Now().Add(failEvery)
+	for end := clk.Now().Add(d); clk.Now().Before(end); clk.Advance(time.Millisecond) {
+		now := clk.Now()
 		kept := inflight[:0]
 		for _, r := range inflight {
 			if now.Before(r.end) {
