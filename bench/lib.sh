@@ -1,4 +1,4 @@
-# Shared by bench/run.sh and bench/scripts.sh (sourced, not run): tools
+# Shared by bench/run.sh, bench/protect.sh and bench/scripts.sh (sourced, not run): tools
 # installed when missing, a work directory and the processes to stop on
 # exit, free loopback ports, and a redis-server of the run's own.
 
@@ -29,6 +29,12 @@ trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+# caddy_globals ADMIN_PORT: a benchmark Caddy's global options: the admin
+# API on loopback, no HTTPS, no logs.
+caddy_globals() {
+	printf '{\n\tadmin 127.0.0.1:%s\n\tauto_https off\n\tlog {\n\t\toutput discard\n\t}\n}\n' "$1"
+}
 
 # start_redis: a redis-server on a free loopback port, without persistence;
 # sets redis_port.

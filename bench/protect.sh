@@ -32,13 +32,7 @@ run() {
 	local name=$1 block=$2 port admin up
 	port=$(free_port); admin=$(free_port); up=$(free_port)
 	cat >"$work/$name.Caddyfile" <<CADDY
-{
-	admin 127.0.0.1:$admin
-	auto_https off
-	log {
-		output discard
-	}
-}
+$(caddy_globals "$admin")
 http://127.0.0.1:$port {
 	rate_limit {
 		tenant {http.request.header.X-Tenant}

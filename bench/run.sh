@@ -79,13 +79,7 @@ scenario() {
 	local name=$1 tenants=$2 block=$3 caddy=${4:-$work/caddy} port admin
 	port=$(free_port); admin=$(free_port)
 	cat >"$work/$name.Caddyfile" <<CADDY
-{
-	admin 127.0.0.1:$admin
-	auto_https off
-	log {
-		output discard
-	}
-}
+$(caddy_globals "$admin")
 http://127.0.0.1:$port {
 $block
 	respond "ok"

@@ -431,7 +431,7 @@ func (l *Limiter) abandon(w *waiter, why error) error {
 	for p := range q.fifo {
 		for i, x := range q.fifo[p] {
 			if x == w {
-				q.fifo[p] = append(q.fifo[p][:i], q.fifo[p][i+1:]...)
+				q.fifo[p] = slices.Delete(q.fifo[p], i, i+1) // zeroes the vacated end
 				q.n--
 				l.queued--
 				l.fixLocked(q)
@@ -589,7 +589,12 @@ func (l *Limiter) updateLocked(now time.Time) {
 		// there and the edge. Nor does it grow for a second after a
 		// failure cut it.
 		mid := (edge + float64(l.baseline)) / 2
-		headroom := (mid - cohort) / (mid - float64(l.baseline))
+		headroom := 0.0 // tolerance 1: no band, grow only at the baseline
+		if span := mid - float64(l.baseline); span > 0 {
+			headroom = (mid - cohort) / span
+		} else if cohort <= mid {
+			headroom = 1
+		}
 		if headroom > 0 && l.peak >= int(l.limit)-l.reserveLocked() && now.Sub(l.cutAt) >= max(time.Second, 2*l.baseline) {
 			l.limit += min(headroom, 1) * max(1, min(math.Sqrt(l.limit), l.limit/10))
 		}
