@@ -34,9 +34,9 @@ type policyRuntime struct {
 	// Header values of the policy's own limit, rendered once.
 	ownPolicyHeader string
 	ownLimitHeader  string
-	// nameValue and limitValue are the policy's name and own limit boxed
-	// once, for the replacer: boxing them per request would allocate.
-	nameValue, limitValue any
+	// nameValue is the policy's name boxed once, for the replacer:
+	// boxing it per request would allocate.
+	nameValue any
 	// index is the policy's index in the handler's policies (and its
 	// metrics); compat holds its children of caddy-ratelimit's families.
 	index int

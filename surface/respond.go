@@ -29,7 +29,6 @@ func (p *policyRuntime) precomputeHeaders() {
 	p.ownPolicyHeader = policyHeader(p.Header, p.Engine.Algorithm, p.Engine.Limit.Rate)
 	p.ownLimitHeader = strconv.FormatInt(p.Engine.Limit.Limit, 10)
 	p.nameValue = p.Name
-	p.limitValue = p.Engine.Limit.Limit
 }
 
 // policyHeader renders an IETF RateLimit-Policy item: "name";q=limit;w=secs
@@ -107,43 +106,34 @@ func (h *Server) report(w http.ResponseWriter, r *http.Request, repl *caddy.Repl
 		}
 	}
 	st.wait = d.Wait()
+	var pv placeholderValues
 	if st.wait > 0 {
-		repl.Set("http.rate_limit.delay", st.wait)
+		pv.delay = st.wait
 		if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
 			extra.Add(zap.Duration("rate_limit_delay", st.wait))
 		}
-	} else {
-		repl.Set("http.rate_limit.delay", zeroDelayValue)
 	}
 	if len(st.shadow) > 0 {
 		if extra, ok := r.Context().Value(caddyhttp.ExtraLogFieldsCtxKey).(*caddyhttp.ExtraLogFields); ok {
 			extra.Add(zap.Strings("rate_limit_shadow_denied", append([]string(nil), st.shadow...)))
 		}
-		repl.Set("http.rate_limit.shadow_denied", strings.Join(st.shadow, ","))
-	} else {
-		repl.Set("http.rate_limit.shadow_denied", "")
+		pv.shadow = strings.Join(st.shadow, ",")
 	}
 	if placeholder >= 0 {
 		it, v := &st.items[placeholder], &d.Verdicts[placeholder]
-		p := st.policies[placeholder]
-		repl.Set("http.rate_limit.policy", p.nameValue)
-		repl.Set("http.rate_limit.tenant", it.Tenant)
+		pv.policy, pv.tenant = st.policies[placeholder].Name, it.Tenant
+		pv.limit, pv.remaining = v.Limit.Limit, v.Result.Remaining
 		if v.Source == limiter.SourcePolicy {
-			repl.Set("http.rate_limit.limit", p.limitValue)
-		} else {
-			repl.Set("http.rate_limit.limit", v.Limit.Limit)
+			pv.limit = st.policies[placeholder].Engine.Limit.Limit
 		}
-		repl.Set("http.rate_limit.remaining", v.Result.Remaining)
-		repl.Set("http.rate_limit.retry_after", ceilSeconds(v.Result.RetryAfter))
+		pv.retryAfter = ceilSeconds(v.Result.RetryAfter)
 	} else {
 		// Nothing counted (unlimited tenants, or fail open): the first
 		// matched policy, with -1 for "no limit known".
-		repl.Set("http.rate_limit.policy", st.policies[0].nameValue)
-		repl.Set("http.rate_limit.tenant", st.items[0].Tenant)
-		repl.Set("http.rate_limit.limit", unknownValue)
-		repl.Set("http.rate_limit.remaining", unknownValue)
-		repl.Set("http.rate_limit.retry_after", zeroValue)
+		pv.policy, pv.tenant = st.policies[0].Name, st.items[0].Tenant
+		pv.limit, pv.remaining = -1, -1
 	}
+	setPlaceholders(r, repl, pv)
 	if shown >= 0 && h.headerMode != config.HeadersOff {
 		h.writeHeaders(w.Header(), st.policies[shown], &d.Verdicts[shown])
 	}
@@ -330,7 +320,6 @@ var errMissingTenant = errors.New("rate limit: request has no tenant (missing_te
 
 // Boxed once: repl.Set of a constant would allocate per request.
 var (
-	unknownValue   any = int64(-1)
 	zeroValue      any = int64(0)
 	oneValue       any = int64(1)
 	emptyValue     any = ""
