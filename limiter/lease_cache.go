@@ -538,11 +538,16 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 // Called with e.mu held; returns with it released. reserve means the
 // refill was denied and e has a delay: decide the request with reserve.
 func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (admitted, reserve bool, err error) {
+	want := e.want(now)
+	if want == 1 && e.units == 0 && !e.delay {
+		admitted, err = s.decideOne(ctx, e, checks, results, now)
+		return admitted, false, err
+	}
 	f := &leaseFlight{done: make(chan struct{})}
 	e.flight = f
 	req := LeaseRequest{
 		Checks:    checks,
-		Want:      e.want(now),
+		Want:      want,
 		Instances: s.instances(),
 		TTL:       time.Duration(e.ttl),
 	}
@@ -614,6 +619,42 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 		results[i].At = g.At * int64(time.Microsecond)
 	}
 	return true, false, nil
+}
+
+// decideOne decides the request of an entry whose next lease would be one
+// request's worth (an entry seen about once a ttl: the thin tail of a
+// large tenant population, or an entry's first request) with one plain
+// decision instead: a lease of one unit is a decision, and the decide
+// script costs Redis less than the lease script (no give-back, no share
+// of the instances). A denial is cached as a refused lease's is. Other
+// requests of the entry that wait for it decide for themselves after it
+// (it took nothing for them), so its caller's context, which it runs
+// with, ends only its own call. Called with e.mu held; returns with it
+// released; the error is the store's, for the fail modes.
+func (s *LeaseStore) decideOne(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (admitted bool, err error) {
+	f := &leaseFlight{done: make(chan struct{})}
+	e.flight = f
+	e.mu.Unlock()
+	admitted, err = s.inner.Decide(ctx, checks, results)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.flight = nil
+	close(f.done)
+	if err != nil {
+		return false, err
+	}
+	if !admitted {
+		var wait time.Duration
+		for i := range checks {
+			if !results[i].Allowed {
+				wait = max(wait, results[i].RetryAfter)
+			}
+		}
+		copy(e.base, results[:len(checks)])
+		e.baseAt = now
+		e.deniedUntil = now + int64(wait)
+	}
+	return admitted, nil
 }
 
 // fill writes the results of a request served locally.

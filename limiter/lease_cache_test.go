@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -115,6 +116,57 @@ func TestLeaseServesLocally(t *testing.T) {
 			ok, err := f.lease.Decide(bgCtx, []Check{c}, res)
 			if err != nil || !ok || f.calls.get("lease") != calls+1 {
 				t.Fatalf("after Retry-After: admitted %v err %v, %d new calls", ok, err, f.calls.get("lease")-calls)
+			}
+		})
+	}
+}
+
+// TestLeaseThinTail: an entry seen about once a ttl (the thin tail of a
+// large tenant population) is decided by the decide script, not leased
+// one unit at a time: its lease would be one request's worth, which is a
+// decision, and the lease script costs Redis more. Counting stays exact,
+// and a denial is still cached until Retry-After.
+func TestLeaseThinTail(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, algo := range leaseAlgorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			f := newLeaseFixture(t, srv, true, 1)
+			lease := Lease{Max: 50, TTL: time.Second}
+			res := make([]Result, 1)
+			const tenants, rounds = 20, 5
+			for round := int64(1); round <= rounds; round++ {
+				for i := range tenants {
+					c := leaseCheck(algo, fmt.Sprintf("thin-%s-%d", algo, i), 1000, 1000*time.Hour, lease)
+					ok, err := f.lease.Decide(bgCtx, []Check{c}, res)
+					if err != nil || !ok || res[0].From != OriginStore {
+						t.Fatalf("round %d tenant %d: admitted %v, err %v, %+v", round, i, ok, err, res[0])
+					}
+					if res[0].Remaining != 1000-round {
+						t.Fatalf("round %d tenant %d: remaining %d, want %d", round, i, res[0].Remaining, 1000-round)
+					}
+				}
+				f.clk.Advance(2 * time.Second)
+			}
+			if l, d := f.calls.get("lease"), f.calls.get("decide"); l != 0 || d != tenants*rounds {
+				t.Fatalf("%d lease and %d decide calls for %d requests, want 0 and %d", l, d, tenants*rounds, tenants*rounds)
+			}
+
+			// A thin tenant at its limit: denied by the store, then from
+			// the denial cache until Retry-After.
+			c := leaseCheck(algo, "thin-full-"+algo.String(), 1, time.Hour, lease)
+			if ok, err := f.lease.Decide(bgCtx, []Check{c}, res); !ok || err != nil {
+				t.Fatalf("first request: admitted %v, err %v", ok, err)
+			}
+			f.clk.Advance(2 * time.Second)
+			calls := f.calls.get("decide")
+			if ok, _ := f.lease.Decide(bgCtx, []Check{c}, res); ok || res[0].From != OriginStore || res[0].RetryAfter <= 0 {
+				t.Fatalf("second request: admitted %v, %+v", ok, res[0])
+			}
+			if ok, _ := f.lease.Decide(bgCtx, []Check{c}, res); ok || res[0].From != OriginDenialCache {
+				t.Fatalf("third request: admitted %v, %+v, want the cached denial", ok, res[0])
+			}
+			if n := f.calls.get("decide") - calls; n != 1 {
+				t.Fatalf("%d decide calls for a denial and a cached denial, want 1", n)
 			}
 		})
 	}
@@ -326,7 +378,12 @@ func TestLeasePrefetch(t *testing.T) {
 					fromStore++
 				}
 			}
-			calls := f.calls.get("lease")
+			// The first request (demand 1) is decided by the decide
+			// script: a lease of one request's worth would be a decision.
+			if n := f.calls.get("decide"); n != 1 {
+				t.Fatalf("%d decide calls, want 1 (the first request)", n)
+			}
+			calls := f.calls.get("lease") + f.calls.get("decide")
 			if prefetchable([]Check{c}) {
 				if fromStore != 3 {
 					t.Fatalf("%d of 300 requests waited for a refill, want 3", fromStore)
