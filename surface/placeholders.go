@@ -10,20 +10,21 @@ import (
 )
 
 // The decision's placeholders ({http.rate_limit.policy}, .tenant, .limit,
-// .remaining, .retry_after, .shadow_denied, .delay) are answered by a
-// replacer provider over the values of the request's last decision,
-// instead of being written into the replacer's map one by one: seven map
-// writes under the replacer's lock cost more than the rest of reporting a
-// decision, on every request, while most configurations read none of
-// them. The values are copied into a small per-request holder (never the
-// pooled request state: an access log reads them after the handler has
-// returned). The holder is kept in the request's variables (Caddy's vars
-// map, which already holds the client IP, so adding it allocates nothing)
-// under holderKey, so a second rate_limit handler in the same request
-// overwrites the values (the last decision is reported, as with map
-// writes) instead of adding a provider. Values written into the map (a denial's retry_after, the
-// missing-tenant answer, protect's shed) still win: the replacer asks its
-// map before any provider added later.
+// .remaining, .retry_after, .shadow_denied, .delay, and .exceeded.name on
+// a denial or a shed) are answered by a replacer provider over the
+// request's values, instead of being written into the replacer's map one
+// by one: seven map writes under the replacer's lock cost more than the
+// rest of reporting a decision, on every request, while most
+// configurations read none of them. The values live in a small
+// per-request holder (never the pooled request state: an access log reads
+// them after the handler has returned), kept in the request's variables
+// (Caddy's vars map, which already holds the client IP, so adding it
+// allocates nothing) under holderKey; without a vars map (a handler
+// called outside Caddy's server), in the replacer's map. Every writer of
+// these placeholders (a decision, a denial, the missing-tenant answer,
+// protect's shed) writes the holder, so the last write wins, as it did
+// with map writes: a second rate_limit handler in the same request (in
+// handle_errors, say) reports its own decision.
 
 // placeholderPrefix starts every placeholder of a decision.
 const placeholderPrefix = "http.rate_limit."
@@ -47,6 +48,14 @@ type placeholderValues struct {
 // placeholderHolder answers a request's placeholders from its values.
 type placeholderHolder struct {
 	values placeholderValues
+	// decided: values holds a decision (or the missing-tenant answer);
+	// before that only what a shed wrote is answered. retrySet:
+	// retryAfter was written by a shed without a decision.
+	decided, retrySet bool
+	// exceeded is {http.rate_limit.exceeded.name}, answered once a
+	// denial, the missing-tenant answer or a shed wrote it.
+	exceeded    string
+	hasExceeded bool
 }
 
 // replace is the holder's replacer provider. Numbers are boxed here, when
@@ -58,6 +67,15 @@ func (h *placeholderHolder) replace(key string) (any, bool) {
 	}
 	v := &h.values
 	switch name {
+	case "exceeded.name":
+		return h.exceeded, h.hasExceeded
+	case "retry_after":
+		return v.retryAfter, h.decided || h.retrySet
+	}
+	if !h.decided {
+		return nil, false
+	}
+	switch name {
 	case "policy":
 		return v.policy, true
 	case "tenant":
@@ -66,8 +84,6 @@ func (h *placeholderHolder) replace(key string) (any, bool) {
 		return v.limit, true
 	case "remaining":
 		return v.remaining, true
-	case "retry_after":
-		return v.retryAfter, true
 	case "shadow_denied":
 		return v.shadow, true
 	case "delay":
@@ -76,16 +92,39 @@ func (h *placeholderHolder) replace(key string) (any, bool) {
 	return nil, false
 }
 
-// setPlaceholders makes v the placeholder values of r's decision.
+// setPlaceholders makes v the values of r's decision.
 func setPlaceholders(r *http.Request, repl *caddy.Replacer, v placeholderValues) {
+	h := placeholdersOf(r, repl)
+	h.values, h.decided = v, true
+}
+
+// setExceeded sets {http.rate_limit.exceeded.name} and .retry_after, as
+// a denial or a shed does.
+func setExceeded(r *http.Request, repl *caddy.Replacer, name string, retryAfter int64) {
+	h := placeholdersOf(r, repl)
+	h.exceeded, h.hasExceeded = name, true
+	h.values.retryAfter, h.retrySet = retryAfter, true
+}
+
+// placeholdersOf returns r's placeholder holder, made and registered with
+// repl on first use.
+func placeholdersOf(r *http.Request, repl *caddy.Replacer) *placeholderHolder {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	if h, ok := vars[holderKey].(*placeholderHolder); ok {
-		h.values = v
-		return
+	var found any
+	if vars != nil {
+		found = vars[holderKey]
+	} else {
+		found, _ = repl.Get(holderKey)
 	}
-	h := &placeholderHolder{values: v}
+	if h, ok := found.(*placeholderHolder); ok {
+		return h
+	}
+	h := &placeholderHolder{}
 	if vars != nil {
 		vars[holderKey] = h
+	} else {
+		repl.Set(holderKey, h)
 	}
 	repl.Map(h.replace)
+	return h
 }

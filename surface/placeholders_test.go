@@ -1,6 +1,8 @@
 package surface
 
 import (
+	"context"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -12,41 +14,65 @@ import (
 
 // TestPlaceholdersLastDecisionWins: a second decision in the same request
 // (a second rate_limit handler) replaces the first one's values instead
-// of hiding behind them; a value written into the replacer's map (a
-// denial's retry_after) wins over both; other requests are not affected.
+// of hiding behind them, also after a denial wrote retry_after and
+// exceeded.name (a rate_limit in handle_errors); other requests are not
+// affected; and the same holds for a request without Caddy's vars map.
 func TestPlaceholdersLastDecisionWins(t *testing.T) {
 	w := httptest.NewRecorder()
-	r := caddyreq.New(w, "acme")
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-
-	setPlaceholders(r, repl, placeholderValues{policy: "first", tenant: "acme", limit: 10, remaining: 9, delay: 250 * time.Millisecond})
-	setPlaceholders(r, repl, placeholderValues{policy: "second", tenant: "acme", limit: 5, remaining: 300, retryAfter: 2, shadow: "a,b"})
-	want := map[string]string{
-		"policy":        "second",
-		"tenant":        "acme",
-		"limit":         "5",
-		"remaining":     "300",
-		"retry_after":   "2",
-		"shadow_denied": "a,b",
-		"delay":         "0s",
-	}
-	for name, v := range want {
-		if got, ok := repl.GetString(placeholderPrefix + name); !ok || got != v {
-			t.Errorf("{http.rate_limit.%s} = %q (found %v), want %q", name, got, ok, v)
-		}
-	}
-	if _, ok := repl.Get(placeholderPrefix + "unknown"); ok {
-		t.Error("an unknown http.rate_limit placeholder was answered")
-	}
-	repl.Set(placeholderPrefix+"retry_after", int64(7))
-	if got, _ := repl.GetString(placeholderPrefix + "retry_after"); got != "7" {
-		t.Errorf("retry_after written into the replacer's map = %q, want 7", got)
+	bare := httptest.NewRequest("GET", "/", nil)
+	noVars := bare.WithContext(context.WithValue(bare.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	for name, r := range map[string]*http.Request{"caddy": caddyreq.New(w, "acme"), "no vars": noVars} {
+		t.Run(name, func(t *testing.T) {
+			repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+			setPlaceholders(r, repl, placeholderValues{policy: "first", tenant: "acme", limit: 10, remaining: 9, delay: 250 * time.Millisecond})
+			setExceeded(r, repl, "first", 60)
+			if got, _ := repl.GetString(placeholderPrefix + "retry_after"); got != "60" {
+				t.Errorf("retry_after after the denial = %q, want 60", got)
+			}
+			setPlaceholders(r, repl, placeholderValues{policy: "second", tenant: "acme", limit: 5, remaining: 300, shadow: "a,b"})
+			want := map[string]string{
+				"policy":        "second",
+				"tenant":        "acme",
+				"limit":         "5",
+				"remaining":     "300",
+				"retry_after":   "0",
+				"shadow_denied": "a,b",
+				"delay":         "0s",
+				"exceeded.name": "first", // as a map write left it: only a denial sets it
+			}
+			for name, v := range want {
+				if got, ok := repl.GetString(placeholderPrefix + name); !ok || got != v {
+					t.Errorf("{http.rate_limit.%s} = %q (found %v), want %q", name, got, ok, v)
+				}
+			}
+			if _, ok := repl.Get(placeholderPrefix + "unknown"); ok {
+				t.Error("an unknown http.rate_limit placeholder was answered")
+			}
+		})
 	}
 
 	other := caddyreq.New(w, "other")
 	orepl := other.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if v, ok := orepl.Get(placeholderPrefix + "policy"); ok {
 		t.Errorf("another request's {http.rate_limit.policy} = %v, want none", v)
+	}
+}
+
+// TestPlaceholdersShedOnly: a request shed before any decision (no policy
+// matched it) answers retry_after and exceeded.name, and nothing else.
+func TestPlaceholdersShedOnly(t *testing.T) {
+	r := caddyreq.New(httptest.NewRecorder(), "acme")
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	setExceeded(r, repl, "protect", 3)
+	for name, v := range map[string]string{"retry_after": "3", "exceeded.name": "protect"} {
+		if got, ok := repl.GetString(placeholderPrefix + name); !ok || got != v {
+			t.Errorf("{http.rate_limit.%s} = %q (found %v), want %q", name, got, ok, v)
+		}
+	}
+	for _, name := range []string{"policy", "tenant", "limit", "remaining", "shadow_denied", "delay"} {
+		if v, ok := repl.Get(placeholderPrefix + name); ok {
+			t.Errorf("{http.rate_limit.%s} = %v without a decision, want none", name, v)
+		}
 	}
 }
 

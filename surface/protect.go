@@ -165,8 +165,7 @@ func (h *Server) shed(w http.ResponseWriter, r *http.Request, repl *caddy.Replac
 	}
 	secs := retryAfterSeconds(p.retryAfter)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	repl.Set("http.rate_limit.retry_after", secs)
-	repl.Set("http.rate_limit.exceeded.name", "protect")
+	setExceeded(r, repl, "protect", secs)
 	if ce := h.logger.Check(zapcore.InfoLevel, "request shed"); ce != nil {
 		ce.Write(zap.String("reason", reason), zap.String("tenant", gate.Loggable(tenant)), zap.String("tier", p.tierLabel(tier)),
 			zap.Int("limit", p.limiter.Stats().Limit), zap.Int64("retry_after", secs))

@@ -34,9 +34,6 @@ type policyRuntime struct {
 	// Header values of the policy's own limit, rendered once.
 	ownPolicyHeader string
 	ownLimitHeader  string
-	// nameValue is the policy's name boxed once, for the replacer:
-	// boxing it per request would allocate.
-	nameValue any
 	// index is the policy's index in the handler's policies (and its
 	// metrics); compat holds its children of caddy-ratelimit's families.
 	index int

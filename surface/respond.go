@@ -28,7 +28,6 @@ import (
 func (p *policyRuntime) precomputeHeaders() {
 	p.ownPolicyHeader = policyHeader(p.Header, p.Engine.Algorithm, p.Engine.Limit.Rate)
 	p.ownLimitHeader = strconv.FormatInt(p.Engine.Limit.Limit, 10)
-	p.nameValue = p.Name
 }
 
 // policyHeader renders an IETF RateLimit-Policy item: "name";q=limit;w=secs
@@ -249,8 +248,7 @@ func (h *Server) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replac
 	wait := h.jittered(v.Result.RetryAfter)
 	secs := retryAfterSeconds(wait)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	repl.Set("http.rate_limit.retry_after", secs)
-	repl.Set("http.rate_limit.exceeded.name", p.nameValue)
+	setExceeded(r, repl, p.Name, secs)
 
 	ip := remoteIP(r)
 	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit exceeded"); ce != nil {
@@ -318,28 +316,14 @@ func (h *Server) recordDenial(ds *fleet.DenialStream, p *policyRuntime, it *limi
 
 var errMissingTenant = errors.New("rate limit: request has no tenant (missing_tenant deny)")
 
-// Boxed once: repl.Set of a constant would allocate per request.
-var (
-	zeroValue      any = int64(0)
-	oneValue       any = int64(1)
-	emptyValue     any = ""
-	zeroDelayValue any = time.Duration(0)
-)
-
 // denyMissingTenant answers 429 for a request without tenant identity.
 // Retrying will not help, but clients expect Retry-After on every 429. No
 // policy decided, so the placeholders say so: empty policy and tenant,
 // limit and remaining 0, retry_after 1 (what Retry-After says), so a
 // handle_errors template renders as it does for any other 429.
-func (h *Server) denyMissingTenant(w http.ResponseWriter, repl *caddy.Replacer) error {
-	repl.Set("http.rate_limit.policy", emptyValue)
-	repl.Set("http.rate_limit.exceeded.name", emptyValue)
-	repl.Set("http.rate_limit.tenant", emptyValue)
-	repl.Set("http.rate_limit.limit", zeroValue)
-	repl.Set("http.rate_limit.remaining", zeroValue)
-	repl.Set("http.rate_limit.retry_after", oneValue)
-	repl.Set("http.rate_limit.shadow_denied", emptyValue)
-	repl.Set("http.rate_limit.delay", zeroDelayValue)
+func (h *Server) denyMissingTenant(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) error {
+	setPlaceholders(r, repl, placeholderValues{retryAfter: 1})
+	setExceeded(r, repl, "", 1)
 	w.Header().Set("Retry-After", "1")
 	h.logger.Debug("rate limit: no tenant", zap.String("template", h.Tenant))
 	return caddyhttp.Error(http.StatusTooManyRequests, errMissingTenant)

@@ -85,7 +85,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if h.Tenant != "" {
 		tenant = h.tenant.expand(repl, r)
 		if tenant == "" && h.MissingTenant == config.MissingTenantDeny {
-			return h.denyMissingTenant(w, repl)
+			return h.denyMissingTenant(w, r, repl)
 		}
 	}
 	tierTemplate := ""
