@@ -43,8 +43,16 @@ DURATION=${DURATION:-10s}
 # off makes every Caddy collect at the same heap size, so the ratios
 # compare what the handlers do. GC=default keeps Go's defaults.
 GC=${GC:-GOGC=off GOMEMLIMIT=256MiB}
-gc_env=()
-[ "$GC" = default ] || read -r -a gc_env <<<"$GC"
+gc_env=(-u GOGC -u GOMEMLIMIT)
+if [ "$GC" != default ]; then
+	read -r -a gc_env <<<"$GC"
+	for kv in "${gc_env[@]}"; do
+		if [[ $kv != *=* ]]; then
+			echo "GC: \"$kv\" is not NAME=VALUE (e.g. GC=\"GOGC=off GOMEMLIMIT=256MiB\", or GC=default)" >&2
+			exit 2
+		fi
+	done
+fi
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
 ROUNDS=${ROUNDS:-3}

@@ -95,14 +95,22 @@ func TestGiveBackLeased(t *testing.T) {
 			p := meteredPolicy("p", algo)
 			p.Lease = Lease{Max: 10, TTL: time.Hour}
 			items := []Item{{Policy: p, Tenant: "t", Cost: 1}}
-			// The first request takes a lease (a refill); demand grows the
-			// next ones (1, 2, 4...): keep it and two requests served from
-			// a lease.
+			// The first request is decided (demand 1: a lease of one unit
+			// would be a decision); the second takes a lease of two (a
+			// refill, served from it); demand grows the next ones: keep
+			// the second and two requests served from a lease.
 			first := new(Decision)
-			if err := first.Decide(bgCtx, ls, items); err != nil || !first.Admitted || first.Verdicts[0].Result.From != OriginStore {
+			if err := first.Decide(bgCtx, ls, items); err != nil || !first.Admitted {
 				t.Fatal(first.Admitted, err)
 			}
-			ds := []*Decision{first}
+			refill := new(Decision)
+			if err := refill.Decide(bgCtx, ls, items); err != nil || !refill.Admitted || refill.Verdicts[0].Result.From != OriginStore {
+				t.Fatal(refill.Admitted, err)
+			}
+			if n := ls.Stats()["p"].Acquired; n != 2 {
+				t.Fatalf("the second request's refill acquired %d units, want a lease of 2", n)
+			}
+			ds := []*Decision{refill}
 			for i := 0; len(ds) < 3; i++ {
 				if i == 20 {
 					t.Fatal("no request was served from a lease")

@@ -94,9 +94,12 @@ type LeaseOptions struct {
 //     no lock held across I/O.
 //   - Refill: otherwise one Taker.Lease call gives back what is left of an
 //     expired lease and takes up to Lease.Max requests' worth, sized to the
-//     entry's recent demand (requests over the last TTL, at least 1); the
-//     store caps it at remaining/(2 x instances). Concurrent requests of
-//     the entry wait for that one call (no stampede), then take from it.
+//     entry's recent demand (requests over the last TTL); the store caps
+//     it at remaining/(2 x instances). Concurrent requests of the entry
+//     wait for that one call (no stampede), then take from it. When the
+//     demand is one request and nothing is left to give back, the request
+//     is decided by the inner store instead (a lease of one unit is a
+//     decision, and a cheaper one).
 //   - Denial cache: when a refill is denied, the entry answers every
 //     request locally with the store's results (Retry-After counting down)
 //     until Retry-After has passed; the next request asks the store again.
@@ -627,10 +630,12 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 // decision instead: a lease of one unit is a decision, and the decide
 // script costs Redis less than the lease script (no give-back, no share
 // of the instances). A denial is cached as a refused lease's is. Other
-// requests of the entry that wait for it decide for themselves after it
-// (it took nothing for them), so its caller's context, which it runs
-// with, ends only its own call. Called with e.mu held; returns with it
-// released; the error is the store's, for the fail modes.
+// requests of the entry that wait for it share a store error, as a
+// refill's waiters do (so an unreachable Redis costs them one timeout,
+// not two); otherwise they decide for themselves after it (it took
+// nothing for them), and its caller's context, which it runs with, ends
+// only its own call. Called with e.mu held; returns with it released;
+// the error is the store's, for the fail modes.
 func (s *LeaseStore) decideOne(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (admitted bool, err error) {
 	f := &leaseFlight{done: make(chan struct{})}
 	e.flight = f
@@ -639,6 +644,9 @@ func (s *LeaseStore) decideOne(ctx context.Context, e *leaseEntry, checks []Chec
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.flight = nil
+	if err != nil && ctx.Err() == nil {
+		f.err = err
+	}
 	close(f.done)
 	if err != nil {
 		return false, err

@@ -585,8 +585,10 @@ func TestLeaseReset(t *testing.T) {
 	}
 }
 
-// TestLeaseRedisDown: with Redis paused, a refill fails at the deadline
-// and its waiters share the error; units already leased are still served.
+// TestLeaseRedisDown: with Redis paused, a cold entry's first call (its
+// decision: demand 1) fails at the deadline and the requests waiting for
+// it share the error, one call for all; units already leased are still
+// served.
 func TestLeaseRedisDown(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	f := &leaseFixture{calls: &scriptCounter{}}
@@ -615,6 +617,7 @@ func TestLeaseRedisDown(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	var failed atomic.Int64
+	calls := f.calls.get("decide") + f.calls.get("lease")
 	start := time.Now()
 	for i := 0; i < 8; i++ {
 		wg.Add(1)
@@ -631,6 +634,9 @@ func TestLeaseRedisDown(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("8 concurrent refills against a paused Redis took %v", d)
+	}
+	if n := f.calls.get("decide") + f.calls.get("lease") - calls; n != 1 {
+		t.Fatalf("8 concurrent requests of a cold entry made %d calls to a paused Redis, want 1", n)
 	}
 }
 
