@@ -591,12 +591,7 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 	copy(e.base, results[:len(checks)])
 	e.baseAt = now
 	if g.Requests <= 0 {
-		var wait time.Duration
-		for i := range e.base {
-			if !e.base[i].Allowed {
-				wait = max(wait, e.base[i].RetryAfter)
-			}
-		}
+		wait := e.baseRetryAfter()
 		for i := range results[:len(checks)] {
 			results[i].From = OriginStore
 		}
@@ -652,17 +647,23 @@ func (s *LeaseStore) decideOne(ctx context.Context, e *leaseEntry, checks []Chec
 		return false, err
 	}
 	if !admitted {
-		var wait time.Duration
-		for i := range checks {
-			if !results[i].Allowed {
-				wait = max(wait, results[i].RetryAfter)
-			}
-		}
 		copy(e.base, results[:len(checks)])
 		e.baseAt = now
-		e.deniedUntil = now + int64(wait)
+		e.deniedUntil = now + int64(e.baseRetryAfter())
 	}
 	return admitted, nil
+}
+
+// baseRetryAfter is the longest Retry-After of the store's last answer
+// (e.base) among its denying checks.
+func (e *leaseEntry) baseRetryAfter() time.Duration {
+	var wait time.Duration
+	for i := range e.base {
+		if !e.base[i].Allowed {
+			wait = max(wait, e.base[i].RetryAfter)
+		}
+	}
+	return wait
 }
 
 // fill writes the results of a request served locally.

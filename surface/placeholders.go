@@ -65,29 +65,24 @@ func (h *placeholderHolder) replace(key string) (any, bool) {
 	if !ok {
 		return nil, false
 	}
-	v := &h.values
+	v, d := &h.values, h.decided
 	switch name {
 	case "exceeded.name":
 		return h.exceeded, h.hasExceeded
 	case "retry_after":
-		return v.retryAfter, h.decided || h.retrySet
-	}
-	if !h.decided {
-		return nil, false
-	}
-	switch name {
+		return v.retryAfter, d || h.retrySet
 	case "policy":
-		return v.policy, true
+		return v.policy, d
 	case "tenant":
-		return v.tenant, true
+		return v.tenant, d
 	case "limit":
-		return v.limit, true
+		return v.limit, d
 	case "remaining":
-		return v.remaining, true
+		return v.remaining, d
 	case "shadow_denied":
-		return v.shadow, true
+		return v.shadow, d
 	case "delay":
-		return v.delay, true
+		return v.delay, d
 	}
 	return nil, false
 }
