@@ -37,10 +37,11 @@ caddy_globals() {
 }
 
 # start_redis: a redis-server on a free loopback port, without persistence;
-# sets redis_port.
+# sets redis_port. The server runs under the command prefix in the array
+# redis_prefix when the caller set one (bench/run.sh's PIN).
 start_redis() {
 	redis_port=$(free_port)
-	redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --logfile "$work/redis.log" &
+	${redis_prefix[@]+"${redis_prefix[@]}"} redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --logfile "$work/redis.log" &
 	pids+=($!)
 	wait_port "$redis_port"
 }

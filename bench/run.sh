@@ -22,6 +22,7 @@
 #   ONLY="baseline redis" ./bench/run.sh   # a subset of the scenarios
 #   CADDY_RATELIMIT_SRC=~/src/caddy-ratelimit ./bench/run.sh   # with that peer
 #   GC=default ./bench/run.sh      # Go's default GC pacing (see GC below)
+#   PIN=redis ./bench/run.sh       # Redis on a core of its own (see PIN below)
 #
 # Installs wrk and redis-server from Debian packages when missing. Prints a
 # Markdown table and writes it to bench/results/latest.md. Besides
@@ -29,7 +30,10 @@
 # and round trips, and the CPU Redis and Caddy spent on it (wrk, the
 # kernel's loopback and the rest of the machine share the same two cores,
 # so the CPU columns explain a ratio: the baseline row is what plain Caddy
-# spends, and every µs more per request comes off the throughput).
+# spends, and every µs more per request comes off the throughput). "Of
+# which in scripts" is Redis's own time inside the script and function
+# calls (INFO commandstats); the rest of Redis's CPU is reading, parsing
+# and answering the calls, and the system calls for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +57,30 @@ if [ "$GC" != default ]; then
 		fi
 	done
 fi
+# PIN=redis runs redis-server on the machine's last CPU and Caddy and
+# wrk on the others (taskset), as a fleet's Redis runs on cores of its
+# own: the Redis CPU columns are then what a decision costs a Redis that
+# does not share its core (for sizing), while throughput is measured on
+# fewer cores. Unset (the default), all of them share every core.
+PIN=${PIN:-}
+redis_prefix=()
+rest_prefix=()
+case $PIN in
+"") ;;
+redis)
+	cpus=$(nproc)
+	if [ "$cpus" -lt 2 ]; then
+		echo "PIN=redis needs at least 2 CPUs, this machine has $cpus" >&2
+		exit 2
+	fi
+	redis_prefix=(taskset -c "$((cpus - 1))")
+	rest_prefix=(taskset -c "0-$((cpus - 2))")
+	;;
+*)
+	echo "PIN: \"$PIN\" is not one of: redis (or unset)" >&2
+	exit 2
+	;;
+esac
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
 ROUNDS=${ROUNDS:-3}
@@ -81,6 +109,16 @@ redis_stat() {
 		END { if (!found) print 0 }'
 }
 
+# redis_script_usec: the µs Redis has spent running scripts and functions
+# (INFO commandstats usec of EVALSHA, EVAL and FCALL): the time from a
+# call's start to its end inside Redis, so under load it includes any
+# moment the kernel took the core away mid-call.
+redis_script_usec() {
+	redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk '
+		/^cmdstat_(evalsha|eval|fcall):/ { if (match($0, /usec=[0-9]+/)) s += substr($0, RSTART+5, RLENGTH-5) }
+		END { printf "%d\n", s }'
+}
+
 # proc_cpu PID: the CPU seconds (user + system) a process has used.
 hz=$(getconf CLK_TCK)
 proc_cpu() {
@@ -93,7 +131,7 @@ redis_cpu() {
 }
 
 # scenario NAME TENANTS RATE_LIMIT_BLOCK [BINARY] -> prints
-# "name rps p50 p99 calls_per_req trips_per_req redis_cpu_us_per_req caddy_cpu_us_per_req"
+# "name rps p50 p99 calls_per_req trips_per_req redis_cpu_us_per_req caddy_cpu_us_per_req script_us_per_req"
 # BINARY is the Caddy to run: cmd/caddy unless said (the peers' binary).
 scenario() {
 	local name=$1 tenants=$2 block=$3 caddy=${4:-$work/caddy} port admin
@@ -105,17 +143,17 @@ $block
 	respond "ok"
 }
 CADDY
-	env "${gc_env[@]}" "$caddy" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
+	env "${gc_env[@]}" ${rest_prefix[@]+"${rest_prefix[@]}"} "$caddy" run --config "$work/$name.Caddyfile" --adapter caddyfile >"$work/$name.log" 2>&1 &
 	local pid=$!
 	wait_port "$port"
 	# warm up: connections, buckets, scripts
-	TENANTS=$tenants wrk -t1 -c"$CONNECTIONS" -d2s -s bench/tenants.lua "http://127.0.0.1:$port/" >/dev/null
-	local calls0 evals0 trips0 cpu0 ccpu0 calls1 evals1 trips1 cpu1 ccpu1
+	TENANTS=$tenants ${rest_prefix[@]+"${rest_prefix[@]}"} wrk -t1 -c"$CONNECTIONS" -d2s -s bench/tenants.lua "http://127.0.0.1:$port/" >/dev/null
+	local calls0 evals0 trips0 cpu0 ccpu0 calls1 evals1 trips1 cpu1 ccpu1 sus0 sus1
 	calls0=$(( $(redis_stat commandstats cmdstat_evalsha) + $(redis_stat commandstats cmdstat_fcall) )); evals0=$(redis_stat commandstats cmdstat_eval)
-	trips0=$(redis_stat stats total_writes_processed); cpu0=$(redis_cpu); ccpu0=$(proc_cpu "$pid")
-	TENANTS=$tenants wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s bench/tenants.lua "http://127.0.0.1:$port/" >"$work/$name.wrk"
+	trips0=$(redis_stat stats total_writes_processed); cpu0=$(redis_cpu); ccpu0=$(proc_cpu "$pid"); sus0=$(redis_script_usec)
+	TENANTS=$tenants ${rest_prefix[@]+"${rest_prefix[@]}"} wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s bench/tenants.lua "http://127.0.0.1:$port/" >"$work/$name.wrk"
 	calls1=$(( $(redis_stat commandstats cmdstat_evalsha) + $(redis_stat commandstats cmdstat_fcall) )); evals1=$(redis_stat commandstats cmdstat_eval)
-	trips1=$(redis_stat stats total_writes_processed); cpu1=$(redis_cpu); ccpu1=$(proc_cpu "$pid")
+	trips1=$(redis_stat stats total_writes_processed); cpu1=$(redis_cpu); ccpu1=$(proc_cpu "$pid"); sus1=$(redis_script_usec)
 	kill "$pid"; wait "$pid" 2>/dev/null || true
 	local rps p50 p99 requests non2xx
 	rps=$(awk '/^Requests\/sec/ {print $2}' "$work/$name.wrk")
@@ -126,7 +164,7 @@ CADDY
 	if [ "$non2xx" != 0 ]; then echo "$name: $non2xx non-2xx responses (limits too low?)" >&2; fi
 	# The redis-cli calls themselves are two writes each; the heartbeat is
 	# one call a second: both are noise next to tens of thousands.
-	python3 -c "r=max($requests,1); print('$name', $rps, '$p50', '$p99', round(($calls1-$calls0+$evals1-$evals0)/r, 3), round(($trips1-$trips0)/r, 3), round(($cpu1-$cpu0)*1e6/r, 2), round(($ccpu1-$ccpu0)*1e6/r, 2))"
+	python3 -c "r=max($requests,1); print('$name', $rps, '$p50', '$p99', round(($calls1-$calls0+$evals1-$evals0)/r, 3), round(($trips1-$trips0)/r, 3), round(($cpu1-$cpu0)*1e6/r, 2), round(($ccpu1-$ccpu0)*1e6/r, 2), round(($sus1-$sus0)/r, 2))"
 }
 
 policy='	rate_limit {
@@ -248,10 +286,10 @@ for round in $(seq "$ROUNDS"); do
 done
 
 mkdir -p bench/results
-python3 - "$ROUNDS" "$DURATION" "$CONNECTIONS" "$GC" "${results[@]}" <<'PY' | tee bench/results/latest.md
+python3 - "$ROUNDS" "$DURATION" "$CONNECTIONS" "$GC" "${PIN:-none}" "${results[@]}" <<'PY' | tee bench/results/latest.md
 import sys, statistics
-rounds, duration, conns, gc = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-rows = [r.split() for r in sys.argv[5:]]
+rounds, duration, conns, gc, pin = sys.argv[1:6]
+rows = [r.split() for r in sys.argv[6:]]
 labels = {
     "baseline": "plain Caddy `respond` (baseline)",
     "embedded": "embedded store",
@@ -276,19 +314,19 @@ def ms(v):
 order = [n for n in labels if any(r[1] == n for r in rows)]
 base = {rnd: float(rps) for rnd, name, rps, *_ in rows if name == "baseline"}
 by = {name: [] for name in order}
-for rnd, name, rps, p50, p99, calls, trips, cpu, ccpu in rows:
-    by[name].append((float(rps), float(rps) / base[rnd], ms(p50), ms(p99), float(calls), float(trips), float(cpu), float(ccpu)))
+for rnd, name, rps, p50, p99, calls, trips, cpu, ccpu, sus in rows:
+    by[name].append((float(rps), float(rps) / base[rnd], ms(p50), ms(p99), float(calls), float(trips), float(cpu), float(ccpu), float(sus)))
 med = lambda xs: statistics.median(xs)
-print(f"{rounds} interleaved rounds of {duration}, {conns} connections, 100 tenants unless said, Caddy's GC: {gc}; medians over rounds, ratio against the same round's baseline (range over rounds).")
+print(f"{rounds} interleaved rounds of {duration}, {conns} connections, 100 tenants unless said, Caddy's GC: {gc}; pinned: {pin}; medians over rounds, ratio against the same round's baseline (range over rounds).")
 print()
-print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request | Redis round trips per request | Redis CPU per request | Caddy CPU per request |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| scenario | requests/s | ratio to baseline | p50 | p99 | Redis calls per request | Redis round trips per request | Redis CPU per request | of which in scripts | Caddy CPU per request |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for name in order:
     xs = by[name]
     ratios = sorted(x[1] for x in xs)
     spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if len(ratios) > 1 else ""
     print(f"| {labels.get(name, name)} | {med([x[0] for x in xs]):.0f} | {med(ratios):.2f}{spread} | "
-          f"{med([x[2] for x in xs]):.2f} ms | {med([x[3] for x in xs]):.2f} ms | {med([x[4] for x in xs]):.3f} | {med([x[5] for x in xs]):.3f} | {med([x[6] for x in xs]):.1f} µs | {med([x[7] for x in xs]):.1f} µs |")
+          f"{med([x[2] for x in xs]):.2f} ms | {med([x[3] for x in xs]):.2f} ms | {med([x[4] for x in xs]):.3f} | {med([x[5] for x in xs]):.3f} | {med([x[6] for x in xs]):.1f} µs | {med([x[8] for x in xs]):.1f} µs | {med([x[7] for x in xs]):.1f} µs |")
 # Against the peers: requests/s over the peer's of the same round, median
 # (range) over rounds; Tollgate on Redis against redis_rate, on the
 # embedded store against caddy-ratelimit (the peers run 100 tenants).

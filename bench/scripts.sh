@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Redis time per decision, per algorithm: Tollgate's decide script
-# (EVALSHA, the default) and its function library (FCALL, `functions`),
+# (EVALSHA, `functions off`) and its function library (FCALL, the default),
 # next to a floor script that does the least any decision must (TIME, GET,
-# SET ... PX). Each row is run with redis-benchmark (16 calls pipelined per
+# SET ... PX) and go-redis/redis_rate's script. Each row is run with redis-benchmark (16 calls pipelined per
 # connection, 4 connections, 100 tenants), and the time is Redis's own
 # usec_per_call from INFO commandstats, so the client, the network and
 # wrk-style load are left out; pipelining keeps Redis busy, which is how it
@@ -37,6 +37,18 @@ local v = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], '0123456789abcdef', 'PX', 60000)
 return {1, t[1]}")
 
+# The redis_rate peer's script (go-redis/redis_rate's GCRA, one EVALSHA
+# per request in bench/run.sh), read from the module bench/peers builds
+# with, for the same rate as that peer's Caddyfile there: next to the
+# floor, what the one-round-trip limiter a user would write costs Redis.
+rr_sha=""
+if rr_dir=$(cd bench/peers && go mod download github.com/go-redis/redis_rate/v10 && go list -m -f '{{.Dir}}' github.com/go-redis/redis_rate/v10) &&
+	python3 -c 'import re, sys; s = open(sys.argv[1] + "/lua.go").read(); sys.stdout.write(re.search(r"allowN = redis.NewScript\(`(.*?)`\)", s, re.S).group(1))' "$rr_dir" >"$work/redis_rate.lua"; then
+	rr_sha=$(cli -x script load <"$work/redis_rate.lua")
+else
+	echo "no redis_rate row: its module's script could not be read" >&2
+fi
+
 # One check on an existing bucket that always allows (the bench_test.go
 # checks): algorithm, limit, window µs, burst, min_interval µs, cost, shadow.
 # The sliding log is 100 per minute, a realistic log, full after a few
@@ -55,6 +67,7 @@ row() {
 	case $name in
 	floor) echo "evalsha $floor 1 rl:floor:{tenant-__rand_int__}:api"; return ;;
 	floor/fcall) echo "fcall ${lib}_floor 1 rl:floorf:{tenant-__rand_int__}:api"; return ;;
+	redis_rate) echo "evalsha $rr_sha 1 rr:{tenant-__rand_int__} 1000000000 1000000000 3600 1"; return ;;
 	many/one-call)
 		# 16 independent token_bucket decisions (16 tenants) in one call;
 		# measure divides its time by 16. Against token_bucket/fcall: the
@@ -97,6 +110,7 @@ row() {
 }
 
 rows=(floor floor/fcall many/one-call)
+if [ -n "$rr_sha" ]; then rows+=(redis_rate); fi
 for a in token_bucket gcra sliding_window fixed_window sliding_log concurrency 3-policies; do
 	rows+=("$a/evalsha" "$a/fcall")
 done
@@ -157,7 +171,7 @@ for rnd, name, us in rows:
 med = statistics.median
 print(f"Redis µs per call (INFO commandstats usec_per_call), {rounds} interleaved rounds of {calls} calls, 16 pipelined x 4 connections; medians (range over rounds).")
 print()
-print("| decision | `EVALSHA` (default): µs | ratio to the floor | `FCALL` (`functions`): µs | ratio to the floor |")
+print("| decision | `EVALSHA` (`functions off`): µs | ratio to the floor | `FCALL` (the default): µs | ratio to the floor |")
 print("|---|---|---|---|---|")
 def cell(name):
     xs = by.get(name)
@@ -168,6 +182,9 @@ def cell(name):
 us, _ = cell("floor")
 fus, fr = cell("floor/fcall")
 print(f"| floor script (`TIME` + `GET` + `SET PX`) | {us} | 1.00 | {fus} | {fr} |")
+if "redis_rate" in by:
+    rr, rrr = cell("redis_rate")
+    print(f"| go-redis/redis_rate's GCRA script (the `redis_rate` peer of `bench/run.sh`) | {rr} | {rrr} | — | — |")
 names = {"3-policies": "3 policies of one tenant, one call", "sliding_log": "sliding_log (100 per minute)"}
 for a in ["token_bucket", "gcra", "sliding_window", "fixed_window", "sliding_log", "concurrency", "3-policies"]:
     e, er = cell(a + "/evalsha")
