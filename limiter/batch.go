@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -18,8 +19,13 @@ import (
 // A batcher sends the script calls of concurrent requests bound for one
 // Redis node as one pipeline: one write, one read. While a batch is on the
 // wire, the calls that arrive queue; as soon as a flusher is free, the
-// whole queue goes out as the next batch. There is no timer: a lone call
-// is sent at once and waits for nobody. Under load, one round trip
+// whole queue goes out as the next batch. Before it takes the queue, a
+// flusher yields its processor once (runtime.Gosched), so that the
+// requests already runnable there reach their decision and join this
+// batch rather than wait for the next: measured on loopback
+// (BenchmarkRedisBatching), batches twice as large and a fifth less
+// client CPU per decision. There is no timer: a lone call is sent as soon
+// as nothing else is runnable, and waits for nobody. Under load, one round trip
 // carries many decisions, which is what makes strict (unleased) limits
 // fast: the syscalls and wake-ups of a round trip, not Redis, are most of
 // a decision's cost.
@@ -216,6 +222,10 @@ func (b *batcher) flush() {
 		p = &batchPipe{Pipeliner: b.pipe()}
 	}
 	for {
+		// Let the goroutines already runnable here run first: those
+		// about to decide queue their calls and ride this batch instead
+		// of the next. With nothing else runnable this returns at once.
+		runtime.Gosched()
 		b.mu.Lock()
 		n := min(len(b.queue), maxBatchSize)
 		if n == 0 {

@@ -446,16 +446,22 @@ func BenchmarkRedisBatching(b *testing.B) {
 		}
 		return sum
 	}
+	// redisTrips counts Redis's replies written to clients: one per
+	// round trip, however many calls it carries.
+	redisTrips := func() float64 {
+		v, _ := strconv.ParseFloat(infoField(b, admin, "stats", "total_writes_processed"), 64)
+		return v
+	}
 	run := func(b *testing.B, decide func(checks []Check, res []Result) error) {
 		var n atomic.Int64
 		b.SetParallelism(16)
 		b.ReportAllocs()
-		cpu0, rcpu0 := processCPU(), redisCPU()
-		b.Cleanup(func() {})
+		cpu0, rcpu0, trips0 := processCPU(), redisCPU(), redisTrips()
 		defer func() {
 			ops := float64(b.N)
 			b.ReportMetric((processCPU()-cpu0).Seconds()*1e6/ops, "client-cpu-us/op")
 			b.ReportMetric((redisCPU()-rcpu0)*1e6/ops, "redis-cpu-us/op")
+			b.ReportMetric((redisTrips()-trips0)/ops, "round-trips/op")
 		}()
 		b.ResetTimer()
 		b.RunParallel(func(pb *testing.PB) {
