@@ -22,7 +22,7 @@
 #   ONLY="baseline redis" ./bench/run.sh   # a subset of the scenarios
 #   CADDY_RATELIMIT_SRC=~/src/caddy-ratelimit ./bench/run.sh   # with that peer
 #   GC=default ./bench/run.sh      # Go's default GC pacing (see GC below)
-#   PIN=redis ./bench/run.sh       # Redis on a core of its own (see PIN below)
+#   PIN=redis ./bench/run.sh       # Redis on a CPU of its own (see PIN below)
 #
 # Installs wrk and redis-server from Debian packages when missing. Prints a
 # Markdown table and writes it to bench/results/latest.md. Besides
@@ -57,27 +57,30 @@ if [ "$GC" != default ]; then
 		fi
 	done
 fi
-# PIN=redis runs redis-server on the machine's last CPU and Caddy and
-# wrk on the others (taskset), as a fleet's Redis runs on cores of its
+# PIN=redis runs redis-server on the last CPU this run may use and Caddy
+# and wrk on the others (taskset), as a fleet's Redis runs on CPUs of its
 # own: the Redis CPU columns are then what a decision costs a Redis that
-# does not share its core (for sizing), while throughput is measured on
-# fewer cores. Unset (the default), all of them share every core.
-PIN=${PIN:-}
+# does not share its CPU (for sizing), while throughput is measured on
+# fewer CPUs. PIN=none (the default): all of them share every CPU. (On a
+# machine with hyperthreads, two CPUs may share one core.)
+PIN=${PIN:-none}
 redis_prefix=()
 rest_prefix=()
 case $PIN in
-"") ;;
+none) ;;
 redis)
-	cpus=$(nproc)
-	if [ "$cpus" -lt 2 ]; then
-		echo "PIN=redis needs at least 2 CPUs, this machine has $cpus" >&2
+	read -r -a cpus <<<"$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+	if [ "${#cpus[@]}" -lt 2 ]; then
+		echo "PIN=redis needs at least 2 CPUs, this run may use ${#cpus[@]}" >&2
 		exit 2
 	fi
-	redis_prefix=(taskset -c "$((cpus - 1))")
-	rest_prefix=(taskset -c "0-$((cpus - 2))")
+	last=$((${#cpus[@]} - 1))
+	rest=$(IFS=,; echo "${cpus[*]:0:last}")
+	redis_prefix=(taskset -c "${cpus[last]}")
+	rest_prefix=(taskset -c "$rest")
 	;;
 *)
-	echo "PIN: \"$PIN\" is not one of: redis (or unset)" >&2
+	echo "PIN: \"$PIN\" is not one of: none, redis" >&2
 	exit 2
 	;;
 esac
@@ -116,7 +119,7 @@ redis_stat() {
 redis_script_usec() {
 	redis-cli -p "$redis_port" info commandstats | tr -d '\r' | awk '
 		/^cmdstat_(evalsha|eval|fcall):/ { if (match($0, /usec=[0-9]+/)) s += substr($0, RSTART+5, RLENGTH-5) }
-		END { printf "%d\n", s }'
+		END { printf "%.0f\n", s }'
 }
 
 # proc_cpu PID: the CPU seconds (user + system) a process has used.
@@ -286,7 +289,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 mkdir -p bench/results
-python3 - "$ROUNDS" "$DURATION" "$CONNECTIONS" "$GC" "${PIN:-none}" "${results[@]}" <<'PY' | tee bench/results/latest.md
+python3 - "$ROUNDS" "$DURATION" "$CONNECTIONS" "$GC" "$PIN" "${results[@]}" <<'PY' | tee bench/results/latest.md
 import sys, statistics
 rounds, duration, conns, gc, pin = sys.argv[1:6]
 rows = [r.split() for r in sys.argv[6:]]

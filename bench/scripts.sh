@@ -10,7 +10,7 @@
 # the table shows medians over rounds (range in parentheses) and the
 # median ratio to the floor measured in the same round.
 #
-#   ./bench/scripts.sh             # 5 rounds of 100 000 calls per row (~3 min)
+#   ./bench/scripts.sh             # 5 rounds of 100 000 calls per row (~4 min)
 #   ROUNDS=9 ./bench/scripts.sh
 #
 # Installs redis-server and redis-tools from Debian packages when missing.
