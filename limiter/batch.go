@@ -27,10 +27,10 @@ import (
 // client CPU per decision. There is no timer: a call waits only for the
 // goroutines already runnable (when every processor is busy, Go's
 // scheduler turns to yielded goroutines at least every 61 it runs), and
-// that wait counts as queued time (redis_queue_seconds). Under load, one round trip
-// carries many decisions, which is what makes strict (unleased) limits
-// fast: the syscalls and wake-ups of a round trip, not Redis, are most of
-// a decision's cost.
+// that wait counts as queued time (redis_queue_seconds). Under load, one
+// round trip carries many decisions, which is what makes strict
+// (unleased) limits fast: the syscalls and wake-ups of a round trip, not
+// Redis, are most of a decision's cost.
 //
 // Deadlines measure Redis, not this process. A call's deadline (the
 // store's Timeout) starts when its batch is written and bounds the round
