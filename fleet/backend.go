@@ -342,12 +342,18 @@ func (b *Backend) flush() {
 	}
 }
 
-// Reset clears every bucket of tenant (of policy only, when set) in Redis,
-// tells every instance to drop its leases and cached denials of them, and
-// appends the reset to the audit stream. remote names who asked.
-func (b *Backend) Reset(ctx context.Context, tenant, policy, remote string) error {
+// Reset clears every bucket of tenant in each of policies in Redis, tells
+// every instance to drop its leases and cached denials of them, and
+// appends the reset to the audit stream. remote names who asked. The
+// notice and the audit entry name the policy when there is one, and no
+// policy (all of the tenant's) otherwise.
+func (b *Backend) Reset(ctx context.Context, tenant string, policies []string, remote string) error {
+	policy := ""
+	if len(policies) == 1 {
+		policy = policies[0]
+	}
 	b.forget(tenant, policy)
-	if err := b.store.Reset(ctx, tenant, policy); err != nil {
+	if err := b.store.Reset(ctx, tenant, policies); err != nil {
 		return err
 	}
 	b.ovr.publishReset(ctx, tenant, policy)

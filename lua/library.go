@@ -28,6 +28,7 @@ var libraryEntries = []struct{ name, body string }{
 	{"refund", refund},
 	{"lease", lease},
 	{"release", release},
+	{"reset", reset},
 }
 
 // LibraryName is the name of the library, "tollgate_" and a digest.
@@ -54,7 +55,7 @@ func init() {
 }
 
 // Function returns the name of the library function of an entry point:
-// "decide", "refund", "lease" or "release".
+// "decide", "refund", "lease", "release" or "reset".
 func Function(entry string) string {
 	return LibraryName + "_" + entry
 }
