@@ -68,7 +68,8 @@ const recoveryFlushInterval = time.Second
 //   - the denial stream writer (Denials);
 //   - the near-limit board, published for the fleet (NearLimit).
 //
-// Its background work, per instance: the heartbeat script once a second,
+// Its background work, per instance: the heartbeat (one FCALL, or a
+// script with functions off) once a second,
 // one GET of the override version once a second (see OverrideSync), and
 // nothing else while idle; nothing depends on the size of the keyspace.
 // (While tenants cross their near-limit threshold, one pipelined write of
@@ -160,9 +161,10 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 		Probe: b.probe,
 	})
 	b.reg = limiter.NewRegistry(limiter.RegistryOptions{
-		Client:  c.UniversalClient,
-		Prefix:  opts.Prefix,
-		Timeout: timeout,
+		Client:    c.UniversalClient,
+		Prefix:    opts.Prefix,
+		Timeout:   timeout,
+		Functions: opts.Functions,
 	})
 	b.denials = newDenialStream(denialStreamOptions{
 		client:   c,

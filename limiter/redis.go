@@ -196,7 +196,8 @@ type redisScript struct {
 // luaScript is one entry point of package lua, both as a script (EVALSHA,
 // EVAL) and as the function of lua.Library that runs the same code
 // (FCALL). The batcher calls the function where the server has function
-// libraries, else the script; other calls use the script.
+// libraries, else the script; a call that bypasses the batchers (noBatch,
+// or a cluster slot map that could not be read) uses the script.
 type luaScript struct {
 	*redis.Script
 	// src is the script's source, for SCRIPT LOAD in a pipeline.
