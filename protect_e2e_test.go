@@ -121,7 +121,9 @@ func TestProtectReserve(t *testing.T) {
 	for range 6 {
 		send("prr_flood")
 	}
-	waitFor(t, func() bool { f, q := protectState(); return f == 3 && q == 4 })
+	// In flight counts a request from its admission; wait until both of
+	// the flood's have reached the upstream too.
+	waitFor(t, func() bool { f, q := protectState(); return f == 3 && q == 4 && up.arrivals("prr_flood") == 2 })
 	send("prr_light")
 	waitFor(t, func() bool { return up.arrivals("prr_light") == 2 })
 	if f, q := protectState(); f != 4 || q != 4 {

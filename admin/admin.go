@@ -295,15 +295,31 @@ func (adminAPI) reset(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	// Each store once: the backend's buckets are reset once for every
-	// handler on it (and every handler's leases dropped).
-	done := map[any]bool{}
+	// Each store once, with the policies of every handler on it: a store
+	// is told which policies to clear (it never scans for them), and
+	// resets them once for every handler (every handler's leases are
+	// dropped).
+	type scoped struct {
+		store    gate.Store
+		policies []string
+	}
+	var scopes []*scoped
+	byScope := map[any]*scoped{}
 	for i, h := range hs {
-		if len(ps[i]) == 0 || done[h.Store.Scope()] {
-			continue
+		for _, p := range ps[i] {
+			sc := byScope[h.Store.Scope()]
+			if sc == nil {
+				sc = &scoped{store: h.Store}
+				byScope[h.Store.Scope()] = sc
+				scopes = append(scopes, sc)
+			}
+			if !slices.Contains(sc.policies, p.Engine.Name) {
+				sc.policies = append(sc.policies, p.Engine.Name)
+			}
 		}
-		done[h.Store.Scope()] = true
-		if err := h.Store.Reset(r.Context(), tenant, policy, r.RemoteAddr); err != nil {
+	}
+	for _, sc := range scopes {
+		if err := sc.store.Reset(r.Context(), tenant, sc.policies, r.RemoteAddr); err != nil {
 			return apiError(http.StatusServiceUnavailable, "resetting: %v", err)
 		}
 	}

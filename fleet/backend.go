@@ -68,7 +68,8 @@ const recoveryFlushInterval = time.Second
 //   - the denial stream writer (Denials);
 //   - the near-limit board, published for the fleet (NearLimit).
 //
-// Its background work, per instance: the heartbeat script once a second,
+// Its background work, per instance: the heartbeat (one FCALL, or a
+// script with functions off) once a second,
 // one GET of the override version once a second (see OverrideSync), and
 // nothing else while idle; nothing depends on the size of the keyspace.
 // (While tenants cross their near-limit threshold, one pipelined write of
@@ -160,9 +161,10 @@ func newBackend(opts BackendOptions) (*Backend, error) {
 		Probe: b.probe,
 	})
 	b.reg = limiter.NewRegistry(limiter.RegistryOptions{
-		Client:  c.UniversalClient,
-		Prefix:  opts.Prefix,
-		Timeout: timeout,
+		Client:    c.UniversalClient,
+		Prefix:    opts.Prefix,
+		Timeout:   timeout,
+		Functions: opts.Functions,
 	})
 	b.denials = newDenialStream(denialStreamOptions{
 		client:   c,
@@ -342,12 +344,18 @@ func (b *Backend) flush() {
 	}
 }
 
-// Reset clears every bucket of tenant (of policy only, when set) in Redis,
-// tells every instance to drop its leases and cached denials of them, and
-// appends the reset to the audit stream. remote names who asked.
-func (b *Backend) Reset(ctx context.Context, tenant, policy, remote string) error {
+// Reset clears every bucket of tenant in each of policies in Redis, tells
+// every instance to drop its leases and cached denials of them, and
+// appends the reset to the audit stream. remote names who asked. The
+// notice and the audit entry name the policy when there is one, and no
+// policy (all of the tenant's) otherwise.
+func (b *Backend) Reset(ctx context.Context, tenant string, policies []string, remote string) error {
+	policy := ""
+	if len(policies) == 1 {
+		policy = policies[0]
+	}
 	b.forget(tenant, policy)
-	if err := b.store.Reset(ctx, tenant, policy); err != nil {
+	if err := b.store.Reset(ctx, tenant, policies); err != nil {
 		return err
 	}
 	b.ovr.publishReset(ctx, tenant, policy)

@@ -93,7 +93,6 @@ func TestBackendClusterFunctions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// (The instance heartbeat, once a second, stays a script.)
 		var calls, failed int
 		for _, line := range strings.Split(info, "\r\n") {
 			rest, ok := strings.CutPrefix(line, "cmdstat_fcall:")
@@ -113,6 +112,24 @@ func TestBackendClusterFunctions(t *testing.T) {
 		// 60 tenants over 3 masters: each holds some of them.
 		if calls-failed < 5 {
 			t.Errorf("master %s: %d FCALL calls (%d failed), want its share of the 60 decisions", n.Addr, calls, failed)
+		}
+	}
+	// The instance heartbeat is a function too: after two more beats, no
+	// master has run a script.
+	last := b.reg.LastHeartbeat()
+	for beats, deadline := 0, time.Now().Add(10*time.Second); beats < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("no heartbeat for 10s")
+		}
+		if l := b.reg.LastHeartbeat(); l.After(last) {
+			last, beats = l, beats+1
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, n := range cl.Nodes() {
+		info := n.Client(t).Info(context.Background(), "commandstats").Val()
+		if strings.Contains(info, "cmdstat_evalsha:") || strings.Contains(info, "cmdstat_eval:") {
+			t.Errorf("master %s ran a script: %s", n.Addr, info)
 		}
 	}
 }

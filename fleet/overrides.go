@@ -317,7 +317,7 @@ func (t *OverrideTable) replace(all []Override, gen uint64) bool {
 //
 // Redis cost of this background work, per instance: one GET of the
 // version per second (plus the pub/sub connection's keep-alive PING every
-// 3 s, and the registry's heartbeat script once a second, see
+// 3 s, and the registry's heartbeat call once a second, see
 // limiter.Registry), whatever the size of the keyspace. A reload, only
 // when something changed, costs one SMEMBERS and one HGETALL per tenant
 // with overrides, in one pipelined round trip (per node in a Cluster),

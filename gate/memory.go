@@ -96,8 +96,8 @@ func (m *Memory) Peek(ctx context.Context, checks []limiter.Check, results []lim
 }
 
 // Reset implements Store.
-func (m *Memory) Reset(ctx context.Context, tenant, policy, _ string) error {
-	return m.store.Reset(ctx, tenant, policy)
+func (m *Memory) Reset(ctx context.Context, tenant string, policies []string, _ string) error {
+	return m.store.Reset(ctx, tenant, policies)
 }
 
 // Overrides implements Store: the process's table.

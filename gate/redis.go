@@ -103,8 +103,8 @@ func (r *Redis) Peek(ctx context.Context, checks []limiter.Check, results []limi
 }
 
 // Reset implements Store: for the whole fleet (fleet.Backend.Reset).
-func (r *Redis) Reset(ctx context.Context, tenant, policy, remote string) error {
-	return r.backend.Reset(ctx, tenant, policy, remote)
+func (r *Redis) Reset(ctx context.Context, tenant string, policies []string, remote string) error {
+	return r.backend.Reset(ctx, tenant, policies, remote)
 }
 
 // Overrides implements Store: kept in Redis, in sync on every instance.

@@ -28,10 +28,10 @@ type Store interface {
 	GiveBack(ctx context.Context, d *limiter.Decision, back []bool) error
 	// Peek reads buckets without charging them (limiter.Store.Peek).
 	Peek(ctx context.Context, checks []limiter.Check, results []limiter.Result) error
-	// Reset clears the buckets of tenant (of policy only, when set),
-	// everywhere they live: with Redis, for the whole fleet. remote names
-	// who asked (the audit stream).
-	Reset(ctx context.Context, tenant, policy, remote string) error
+	// Reset clears the buckets of tenant in each of policies (engine
+	// names), everywhere they live: with Redis, for the whole fleet.
+	// remote names who asked (the audit stream).
+	Reset(ctx context.Context, tenant string, policies []string, remote string) error
 	// Overrides holds the runtime overrides (admin API).
 	Overrides() Overrides
 	// NearLimit is where tenants seen near their limit are noted.

@@ -330,12 +330,12 @@ func (b *BreakerStore) Release(ctx context.Context, checks []Check) error {
 }
 
 // Reset implements Store.
-func (b *BreakerStore) Reset(ctx context.Context, tenant, policy string) error {
+func (b *BreakerStore) Reset(ctx context.Context, tenant string, policies []string) error {
 	t, err := b.before()
 	if err != nil {
 		return err
 	}
-	err = b.inner.Reset(ctx, tenant, policy)
+	err = b.inner.Reset(ctx, tenant, policies)
 	b.after(ctx, t, err)
 	return err
 }

@@ -43,7 +43,7 @@ func (s *scriptedStore) Decide(ctx context.Context, checks []Check, results []Re
 }
 func (s *scriptedStore) Peek(ctx context.Context, _ []Check, _ []Result) error { return s.do(ctx) }
 func (s *scriptedStore) Release(ctx context.Context, _ []Check) error          { return s.do(ctx) }
-func (s *scriptedStore) Reset(ctx context.Context, _, _ string) error          { return s.do(ctx) }
+func (s *scriptedStore) Reset(ctx context.Context, _ string, _ []string) error { return s.do(ctx) }
 func (s *scriptedStore) Close() error                                          { return nil }
 
 // Charge makes scriptedStore a Charger.
@@ -142,7 +142,7 @@ func TestBreakerOpensAfterConsecutiveFailures(t *testing.T) {
 	for _, f := range []func() error{
 		func() error { return b.Peek(context.Background(), oneCheck, make([]Result, 1)) },
 		func() error { return b.Release(context.Background(), oneCheck) },
-		func() error { return b.Reset(context.Background(), "t", "") },
+		func() error { return b.Reset(context.Background(), "t", []string{"p"}) },
 		func() error { return b.Charge(context.Background(), "", oneCheck, make([]int64, 1)) },
 	} {
 		if err := f(); !errors.Is(err, ErrBreakerOpen) {

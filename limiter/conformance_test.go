@@ -39,7 +39,7 @@ type confStep struct {
 	admitted bool     // opDecide
 	want     []Result // opDecide, opPeek: one per check
 	tenant   string   // opReset
-	policy   string   // opReset
+	policies []string // opReset
 }
 
 type confScenario struct {
@@ -108,7 +108,7 @@ func runConfScenario(t *testing.T, target confTarget, sc confScenario) {
 		case opRelease:
 			err = s.Release(bgCtx, st.checks)
 		case opReset:
-			err = s.Reset(bgCtx, st.tenant, st.policy)
+			err = s.Reset(bgCtx, st.tenant, st.policies)
 		case opRefund:
 			err = giveBack(s, st.checks)
 		}
@@ -483,7 +483,11 @@ func resetScenario() confScenario {
 		{"a%3Ab", "p1"},
 		{`a\`, ""},
 	} {
-		sc.steps = append(sc.steps, confStep{op: opReset, tenant: r.tenant, policy: r.policy})
+		ps := policies
+		if r.policy != "" {
+			ps = []string{r.policy}
+		}
+		sc.steps = append(sc.steps, confStep{op: opReset, tenant: r.tenant, policies: ps})
 		for _, p := range policies {
 			if r.policy == "" || r.policy == p {
 				reset[[2]string{r.tenant, p}] = true
@@ -526,7 +530,7 @@ func hostileScenario() confScenario {
 		sc.steps = append(sc.steps, decideStep(time.Second, false, cks(check(tn, "")), wantDeny(0, time.Hour-time.Second, time.Hour-time.Second)))
 	}
 	// Resetting a hostile tenant resets it alone.
-	sc.steps = append(sc.steps, confStep{at: time.Second, op: opReset, tenant: "{a}"})
+	sc.steps = append(sc.steps, confStep{at: time.Second, op: opReset, tenant: "{a}", policies: []string{"p"}})
 	for _, tn := range tenants {
 		want := wantDeny(0, time.Hour-time.Second, time.Hour-time.Second)
 		if tn == "{a}" {
@@ -636,7 +640,7 @@ func TestConformanceRandom(t *testing.T) {
 					case op == 0 && len(held) > 0:
 						err = s.Release(bgCtx, held[0])
 					case op == 1:
-						err = s.Reset(bgCtx, checks[0].Tenant, checks[0].Policy)
+						err = s.Reset(bgCtx, checks[0].Tenant, []string{checks[0].Policy})
 					case op == 2:
 						err = giveBack(s, checks)
 					case op == 3:

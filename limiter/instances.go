@@ -37,6 +37,11 @@ type RegistryOptions struct {
 	// ID names this instance in the set; "" means a fresh
 	// <hostname>-<pid>-<random hex>.
 	ID string
+	// Functions runs the heartbeat as a function of lua.Library (FCALL),
+	// loading the library where the node lacks it, as the store's calls
+	// do (RedisOptions.Functions); a node without functions or whose ACL
+	// refuses them gets the script (EVALSHA) from then on.
+	Functions bool
 }
 
 // Registry keeps this instance registered as live in the sorted set
@@ -61,6 +66,11 @@ type Registry struct {
 	timeout  time.Duration
 	stale    int64 // ms
 
+	// functions: heartbeats are FCALLs, until noFunctions is set (the
+	// node refused functions, or the library).
+	functions   bool
+	noFunctions atomic.Bool
+
 	count atomic.Int64
 	last  atomic.Int64 // Unix ns of the last successful heartbeat, 0 = none
 
@@ -70,7 +80,10 @@ type Registry struct {
 	closeErr  error
 }
 
-var heartbeatScript = redis.NewScript(lua.Heartbeat)
+var (
+	heartbeatScript   = redis.NewScript(lua.Heartbeat)
+	heartbeatFunction = lua.Function("heartbeat")
+)
 
 // NewRegistry registers the instance and starts heartbeating at once, in a
 // goroutine that Close stops.
@@ -89,14 +102,15 @@ func NewRegistry(opts RegistryOptions) *Registry {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Registry{
-		client:   opts.Client,
-		key:      opts.Prefix + ":instances",
-		id:       opts.ID,
-		interval: opts.Interval,
-		timeout:  opts.Timeout,
-		stale:    max(1, int64(registryStaleBeats*opts.Interval/time.Millisecond)),
-		cancel:   cancel,
-		done:     make(chan struct{}),
+		client:    opts.Client,
+		key:       opts.Prefix + ":instances",
+		id:        opts.ID,
+		interval:  opts.Interval,
+		timeout:   opts.Timeout,
+		stale:     max(1, int64(registryStaleBeats*opts.Interval/time.Millisecond)),
+		functions: opts.Functions,
+		cancel:    cancel,
+		done:      make(chan struct{}),
 	}
 	r.count.Store(1)
 	go r.run(ctx)
@@ -152,12 +166,43 @@ func (r *Registry) run(ctx context.Context) {
 func (r *Registry) beat(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	n, err := heartbeatScript.Run(ctx, r.client, []string{r.key}, r.id, r.stale, 0).Int64()
+	n, err := r.call(ctx, 0).Int64()
 	if err != nil {
 		return
 	}
 	r.count.Store(max(1, n))
 	r.last.Store(time.Now().UnixNano())
+}
+
+// call runs lua.Heartbeat once (remove: 1 to leave the set): as the
+// library's function when the registry uses functions, loading the
+// library once when the node answers "Function not found"; else, or once
+// the node refused functions or the library, as a script.
+func (r *Registry) call(ctx context.Context, remove int) *redis.Cmd {
+	keys := []string{r.key}
+	if r.functions && !r.noFunctions.Load() {
+		cmd := r.client.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
+		if isFunctionMissing(cmd.Err()) {
+			err := r.client.FunctionLoadReplace(ctx, lua.Library).Err()
+			if err != nil && !isConnError(err) {
+				r.noFunctions.Store(true)
+			} else if err == nil {
+				cmd = r.client.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
+				if isFunctionMissing(cmd.Err()) {
+					// Loaded where the calls do not go (a client that
+					// routes by key, seen as one node): scripts only.
+					r.noFunctions.Store(true)
+				}
+			}
+		}
+		switch err := cmd.Err(); {
+		case isFunctionRefused(err):
+			r.noFunctions.Store(true)
+		case !isFunctionMissing(err):
+			return cmd
+		}
+	}
+	return heartbeatScript.Run(ctx, r.client, keys, r.id, r.stale, remove)
 }
 
 // Close stops the heartbeats and removes the instance from the set (with
@@ -169,7 +214,7 @@ func (r *Registry) Close() error {
 		r.stop()
 		ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 		defer cancel()
-		r.closeErr = heartbeatScript.Run(ctx, r.client, []string{r.key}, r.id, r.stale, 1).Err()
+		r.closeErr = r.call(ctx, 1).Err()
 		if r.closeErr != nil {
 			r.closeErr = fmt.Errorf("limiter: removing instance %s from %s: %w", r.id, r.key, r.closeErr)
 		}

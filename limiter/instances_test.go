@@ -1,6 +1,9 @@
 package limiter
 
 import (
+	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -105,4 +108,55 @@ func TestRegistryNeverZero(t *testing.T) {
 		t.Fatalf("Count %d, LastHeartbeat %v", r.Count(), r.LastHeartbeat())
 	}
 	r.Close()
+}
+
+// TestRegistryFunctions: with functions, heartbeats are FCALLs of the
+// library (loaded by the registry itself where the node lacks it, again
+// after FUNCTION FLUSH), and no script runs; without, they are EVALSHAs.
+func TestRegistryFunctions(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	calls := func(cmd string) int {
+		t.Helper()
+		stats := client.Info(bgCtx, "commandstats").Val()
+		m := regexp.MustCompile(`cmdstat_` + cmd + `:calls=(\d+)`).FindStringSubmatch(stats)
+		if m == nil {
+			return 0
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	beats := func(functions bool) {
+		t.Helper()
+		r := NewRegistry(RegistryOptions{Client: client, Prefix: fmt.Sprint("fn", functions), Interval: 20 * time.Millisecond, Functions: functions})
+		defer r.Close()
+		start := r.LastHeartbeat()
+		deadline := time.Now().Add(5 * time.Second)
+		for n := 0; n < 3; {
+			if time.Now().After(deadline) {
+				t.Fatal("no heartbeat for 5s")
+			}
+			if last := r.LastHeartbeat(); last.After(start) {
+				start, n = last, n+1
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+
+	client.ConfigResetStat(bgCtx)
+	beats(true)
+	client.FunctionFlush(bgCtx)
+	beats(true)
+	if f, s := calls("fcall"), calls("evalsha")+calls("eval"); f < 6 || s != 0 {
+		t.Errorf("with functions: %d FCALLs, %d script calls; want >= 6 and 0", f, s)
+	}
+	if l := calls("function\\|load"); l != 2 {
+		t.Errorf("FUNCTION LOAD %d times, want 2 (first call, after the flush)", l)
+	}
+
+	client.ConfigResetStat(bgCtx)
+	beats(false)
+	if f, s := calls("fcall"), calls("evalsha"); f != 0 || s < 3 {
+		t.Errorf("without functions: %d FCALLs, %d EVALSHAs; want 0 and >= 3", f, s)
+	}
 }

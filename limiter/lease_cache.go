@@ -722,11 +722,13 @@ func (s *LeaseStore) Release(ctx context.Context, checks []Check) error {
 }
 
 // Reset implements Store: it forgets this instance's leases and cached
-// denials of tenant (of policy only, when not empty), then resets the
-// inner store. Other instances keep theirs until told (see Forget).
-func (s *LeaseStore) Reset(ctx context.Context, tenant, policy string) error {
-	s.Forget(tenant, policy)
-	return s.inner.Reset(ctx, tenant, policy)
+// denials of tenant in policies, then resets the inner store. Other
+// instances keep theirs until told (see Forget).
+func (s *LeaseStore) Reset(ctx context.Context, tenant string, policies []string) error {
+	for _, p := range policies {
+		s.Forget(tenant, p)
+	}
+	return s.inner.Reset(ctx, tenant, policies)
 }
 
 // Forget drops this instance's leases (their units count as expired) and

@@ -574,7 +574,7 @@ func TestLeaseReset(t *testing.T) {
 	if ok, _ := f.lease.Decide(bgCtx, []Check{c}, res); ok || res[0].From != OriginDenialCache {
 		t.Fatalf("before reset: %+v", res[0])
 	}
-	if err := f.lease.Reset(bgCtx, "reset-me", ""); err != nil {
+	if err := f.lease.Reset(bgCtx, "reset-me", []string{c.Policy}); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := f.lease.Decide(bgCtx, []Check{c}, res); !ok || res[0].Remaining != 9 {

@@ -392,14 +392,20 @@ func (m *MemoryStore) Release(_ context.Context, checks []Check) error {
 // Reset implements Store. It matches keys on the escaped tenant between the
 // hash-tag braces, which cannot contain a brace or a colon, so tenant "a"
 // never matches the buckets of tenant "a:b" or "a}".
-func (m *MemoryStore) Reset(_ context.Context, tenant, policy string) error {
+func (m *MemoryStore) Reset(_ context.Context, tenant string, policies []string) error {
+	if len(policies) == 0 {
+		return nil
+	}
 	tag := string(AppendTenantTag(nil, tenant))
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for k, e := range sh.m {
-			if memKeyMatches(k, m.prefix, tag, policy) {
-				sh.remove(e)
+			for _, p := range policies {
+				if memKeyMatches(k, m.prefix, tag, p) {
+					sh.remove(e)
+					break
+				}
 			}
 		}
 		sh.mu.Unlock()

@@ -569,7 +569,11 @@ func TestReset(t *testing.T) {
 		{"nobody", ""},
 		{"a%3Ab", "p1"},
 	} {
-		if err := m.Reset(bgCtx, st.tenant, st.policy); err != nil {
+		ps := policies
+		if st.policy != "" {
+			ps = []string{st.policy}
+		}
+		if err := m.Reset(bgCtx, st.tenant, ps); err != nil {
 			t.Fatal(err)
 		}
 		for _, p := range policies {

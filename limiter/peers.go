@@ -243,8 +243,8 @@ func (s *PeerStore) Release(ctx context.Context, checks []Check) error {
 
 // Reset implements Store: it resets the local buckets; what peers counted
 // goes when they next publish.
-func (s *PeerStore) Reset(ctx context.Context, tenant, policy string) error {
-	return s.inner.Reset(ctx, tenant, policy)
+func (s *PeerStore) Reset(ctx context.Context, tenant string, policies []string) error {
+	return s.inner.Reset(ctx, tenant, policies)
 }
 
 // Close implements Store. The inner store is not closed: its owner does.

@@ -7,7 +7,6 @@ import (
 	"net"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -197,7 +196,8 @@ type redisScript struct {
 // luaScript is one entry point of package lua, both as a script (EVALSHA,
 // EVAL) and as the function of lua.Library that runs the same code
 // (FCALL). The batcher calls the function where the server has function
-// libraries, else the script; other calls use the script.
+// libraries, else the script; a call that bypasses the batchers (noBatch,
+// or a cluster slot map that could not be read) uses the script.
 type luaScript struct {
 	*redis.Script
 	// src is the script's source, for SCRIPT LOAD in a pipeline.
@@ -217,6 +217,7 @@ var (
 	decideScript  = newLuaScript(lua.Decide, "decide")
 	refundScript  = newLuaScript(lua.Refund, "refund")
 	releaseScript = newLuaScript(lua.Release, "release")
+	resetScript   = newLuaScript(lua.Reset, "reset")
 
 	// The mode strings are boxed once: converting them to any on every
 	// call would allocate.
@@ -228,6 +229,7 @@ var (
 	argForceOnce  any = "force_once"
 	scriptRefund      = &redisScript{"refund", refundScript, nil}
 	scriptRelease     = &redisScript{"release", releaseScript, nil}
+	scriptReset       = &redisScript{"reset", resetScript, nil}
 )
 
 // Arguments boxed once: converting them to any on every call would
@@ -801,84 +803,48 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 	return nil
 }
 
-// resetScanCount is the COUNT hint of Reset's SCAN calls.
-const resetScanCount = 1000
-
-// Reset implements Store: it deletes every bucket of tenant, or only those
-// of policy. Keys are found with SCAN MATCH on the escaped tenant inside
-// the hash-tag braces (glob metacharacters escaped), on every master of a
-// cluster, and checked again exactly before they are deleted, so tenant "a"
-// never touches the buckets of "a:b", "a*" or "a}". Each round trip has the
-// store's Timeout; ctx bounds the whole scan.
-func (s *RedisStore) Reset(ctx context.Context, tenant, policy string) error {
-	tag := string(AppendTenantTag(nil, tenant))
-	pattern := globEscape(s.prefix) + ":*:{" + globEscape(tag) + "}:" + globEscape(policy) + "*"
-	scan := func(ctx context.Context, c redis.UniversalClient) error {
-		var cursor uint64
-		for {
-			cctx, cancel := context.WithTimeout(ctx, s.timeout)
-			keys, next, err := c.Scan(cctx, cursor, pattern, resetScanCount).Result()
-			if err == nil {
-				n := 0
-				for _, k := range keys {
-					if s.isBucketOf(k, tag, policy) {
-						keys[n] = k
-						n++
-					}
-				}
-				if n > 0 {
-					err = s.del(cctx, c, keys[:n])
-				}
-			}
-			cancel()
-			if err != nil {
-				return fmt.Errorf("limiter: redis reset: %w", err)
-			}
-			if next == 0 {
-				return nil
-			}
-			cursor = next
+// Reset implements Store: it deletes the buckets of tenant in each of
+// policies, in one script call (lua.Reset; a tenant's keys share one
+// cluster slot). For each policy that is its bucket under every
+// algorithm's name (so a policy whose algorithm changed loses its old
+// bucket too) and the buckets of every part its partition index lists
+// (lua/common.lua: every write of a partitioned bucket keeps it there).
+// Nothing is scanned: the call costs Redis O(policies + parts), whatever
+// else the keyspace holds.
+func (s *RedisStore) Reset(ctx context.Context, tenant string, policies []string) error {
+	if len(policies) == 0 {
+		return nil
+	}
+	n := len(policies) * (int(numAlgorithms) + 1)
+	keys, args := make([]string, 0, n), make([]any, 0, n)
+	var b []byte
+	for _, p := range policies {
+		for a := range Algorithm(numAlgorithms) {
+			b = AppendKey(b[:0], s.prefix, a, tenant, p, "")
+			keys, args = append(keys, string(b)), append(args, argZero)
 		}
+		b = appendPartIndexKey(b[:0], s.prefix, tenant, p)
+		keys, args = append(keys, string(b)), append(args, argShadow[1])
 	}
-	if s.cluster != nil {
-		return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return scan(ctx, c)
-		})
+	sc := s.getScratch()
+	defer s.putScratch(sc)
+	if _, err := s.eval(ctx, sc, scriptReset, keys, args); err != nil {
+		return err
 	}
-	return scan(ctx, s.client)
+	return nil
 }
 
-// del deletes keys. A tenant's keys share its hash-tag slot, except those
-// of the empty tenant ("{}" is no hash tag), so in a cluster keys of
-// several slots are deleted one by one, in one pipeline.
-func (s *RedisStore) del(ctx context.Context, c redis.UniversalClient, keys []string) error {
-	if s.cluster != nil {
-		slot := keySlot([]byte(keys[0]))
-		for _, k := range keys[1:] {
-			if keySlot([]byte(k)) != slot {
-				_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-					for _, k := range keys {
-						p.Del(ctx, k)
-					}
-					return nil
-				})
-				return err
-			}
-		}
-	}
-	return c.Del(ctx, keys...).Err()
-}
-
-// isBucketOf reports whether key is a bucket key of the store that belongs
-// to the tenant whose escaped form is tag and, when policy is not empty, to
-// policy.
-func (s *RedisStore) isBucketOf(key, tag, policy string) bool {
-	if !memKeyMatches(key, s.prefix, tag, policy) {
-		return false
-	}
-	algo, _, _ := strings.Cut(key[len(s.prefix)+1:], ":")
-	_, err := ParseAlgorithm(algo)
-	return err == nil && algo != ""
+// appendPartIndexKey appends the key of the partition index of tenant in
+// policy, <prefix>:parts:{<tenant>}:<policy>: the set of the bucket keys
+// of the tenant's parts of the policy, which the scripts keep (see
+// index_part in lua/common.lua, which derives the same name from a
+// bucket key).
+func appendPartIndexKey(dst []byte, prefix, tenant, policy string) []byte {
+	dst = append(dst, prefix...)
+	dst = append(dst, ":parts:{"...)
+	dst = AppendTenantTag(dst, tenant)
+	dst = append(dst, "}:"...)
+	return append(dst, policy...)
 }
 
 // Ping asks Redis whether it answers: one PING (one per master of a
@@ -902,22 +868,6 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 // Close implements Store. It does not close the client, which the store
 // does not own.
 func (s *RedisStore) Close() error { return nil }
-
-// globEscape escapes the glob metacharacters of a SCAN MATCH pattern.
-func globEscape(s string) string {
-	if !strings.ContainsAny(s, `*?[]\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
 
 // micros converts d to whole microseconds, rounded up.
 func micros(d time.Duration) int64 {

@@ -41,6 +41,9 @@ func allKeys(t *testing.T, c redis.UniversalClient) []string {
 // keyLayout is AppendKey's: <prefix>:<algo>:{<tenant>}:<policy>[:<key>].
 var keyLayout = regexp.MustCompile(`^[A-Za-z0-9_.-]+:(token_bucket|gcra|sliding_window|fixed_window|sliding_log|concurrency):\{[^{}:]*\}:[A-Za-z0-9_.-]+(:[^{}:]+)?$`)
 
+// partIndexLayout is a partition index's: <prefix>:parts:{<tenant>}:<policy>.
+var partIndexLayout = regexp.MustCompile(`^[A-Za-z0-9_.-]+:parts:\{[^{}:]*\}:[A-Za-z0-9_.-]+$`)
+
 // TestRedisKeyTTL: after traffic on every algorithm, every key has the
 // layout of AppendKey and a TTL of at most 2 x its window (the safety TTL
 // for concurrency), and it ends when the bucket is fresh again.
@@ -73,10 +76,22 @@ func TestRedisKeyTTL(t *testing.T) {
 	mustDecide(t, s, mi)
 
 	keys := allKeys(t, client)
-	if want := 2*len(benchAlgorithms) + len(multi) + 1; len(keys) != want {
+	// Buckets, and one partition index per tenant with parts.
+	if want := 3*len(benchAlgorithms) + len(multi) + 1; len(keys) != want {
 		t.Fatalf("%d keys, want %d: %q", len(keys), want, keys)
 	}
 	for _, k := range keys {
+		if partIndexLayout.MatchString(k) {
+			// As long as its longest-lived bucket.
+			// rl:parts:{t-<algo>}:p lists rl:<algo>:{t-<algo>}:p:GET /x.
+			ttl := client.PTTL(bgCtx, k).Val()
+			tag, _, _ := strings.Cut(strings.TrimPrefix(k, "rl:parts:{"), "}")
+			bucket := "rl:" + strings.TrimPrefix(tag, "t-") + ":{" + tag + "}:p:GET /x"
+			if want := client.PTTL(bgCtx, bucket).Val(); ttl < want || ttl <= 0 {
+				t.Errorf("%s: PTTL %s, shorter than its bucket %s's %s", k, ttl, bucket, want)
+			}
+			continue
+		}
 		if !keyLayout.MatchString(k) {
 			t.Errorf("key %q does not follow <prefix>:<algo>:{<tenant>}:<policy>[:<key>]", k)
 		}
@@ -332,7 +347,7 @@ func TestRedisDeadline(t *testing.T) {
 		case "release":
 			err = s.Release(bgCtx, []Check{{Algorithm: Concurrency, Tenant: "t", Policy: "c", Rate: Rate{Limit: 1}, Cost: 1}})
 		case "reset":
-			err = s.Reset(bgCtx, "t", "")
+			err = s.Reset(bgCtx, "t", []string{"p"})
 		}
 		elapsed := time.Since(start)
 		if err == nil {
@@ -422,20 +437,6 @@ func TestRedisInvalidChecks(t *testing.T) {
 	}
 	if ok, err := s.Decide(bgCtx, nil, nil); !ok || err != nil {
 		t.Errorf("no checks: %v %v", ok, err)
-	}
-}
-
-func TestGlobEscape(t *testing.T) {
-	for in, want := range map[string]string{
-		"a":         "a",
-		"a*":        `a\*`,
-		"[a]?":      `\[a\]\?`,
-		`a\b`:       `a\\b`,
-		"%7B%3A%7D": "%7B%3A%7D",
-	} {
-		if got := globEscape(in); got != want {
-			t.Errorf("globEscape(%q) = %q, want %q", in, got, want)
-		}
 	}
 }
 
@@ -680,7 +681,7 @@ func TestRedisCluster(t *testing.T) {
 		if got := mustPeek(t, s, a, b); got[0].Remaining != 1 || got[1].Remaining != 0 {
 			t.Fatalf("peek: %+v", got)
 		}
-		if err := s.Reset(bgCtx, "", ""); err != nil {
+		if err := s.Reset(bgCtx, "", []string{"p1", "p2"}); err != nil {
 			t.Fatal(err)
 		}
 		if got := mustPeek(t, s, a, b); got[0].Remaining != 2 || got[1].Remaining != 1 {
@@ -695,10 +696,10 @@ func TestRedisCluster(t *testing.T) {
 				mustDecide(t, s, Check{Algorithm: FixedWindow, Tenant: tn, Policy: p, Rate: Rate{Limit: 5, Window: time.Hour}, Cost: 1})
 			}
 		}
-		if err := s.Reset(bgCtx, "r", ""); err != nil {
+		if err := s.Reset(bgCtx, "r", []string{"p", "q"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Reset(bgCtx, "r*", "q"); err != nil {
+		if err := s.Reset(bgCtx, "r*", []string{"q"}); err != nil {
 			t.Fatal(err)
 		}
 		for _, tn := range tenants {
@@ -729,7 +730,7 @@ func TestRedisKeyPrefix(t *testing.T) {
 	if ok, _ := mustDecide(t, b, c); !ok {
 		t.Fatal("b shares a's bucket")
 	}
-	if err := a.Reset(bgCtx, "t", ""); err != nil {
+	if err := a.Reset(bgCtx, "t", []string{"p"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mustPeek(t, b, c)[0].Remaining; got != 0 {

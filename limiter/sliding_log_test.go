@@ -53,7 +53,7 @@ func requireGroupedLog(t testing.TB, s Store) {
 			t.Fatalf("a request of cost 4096 is a list of %d elements, want 3 (base, ts, cum)", n)
 		}
 	}
-	if err := s.Reset(bgCtx, c.Tenant, ""); err != nil {
+	if err := s.Reset(bgCtx, c.Tenant, []string{c.Policy}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -121,9 +121,10 @@ type Store interface {
 	// Peek fills results as Decide would for Cost-unit requests, without
 	// charging anything.
 	Peek(ctx context.Context, checks []Check, results []Result) error
-	// Reset forgets every bucket of tenant, or only those of policy when
-	// policy is not empty.
-	Reset(ctx context.Context, tenant, policy string) error
+	// Reset forgets every bucket of tenant in each of policies (its parts
+	// too). A store is not asked to find the policies itself: a shared
+	// Redis cannot list them without scanning the keyspace.
+	Reset(ctx context.Context, tenant string, policies []string) error
 	// Close releases the store's resources and stops its goroutines.
 	Close() error
 }

@@ -167,6 +167,39 @@ local function parse_check(i, base)
   return alg, r, tonumber(ARGV[b + 6]), ARGV[b + 7] == '1'
 end
 
+-- Partition indexes. A policy with a key inside a tenant keeps one bucket
+-- per part, <prefix>:<algo>:{<tenant>}:<policy>:<part>, whose parts only
+-- the requests know. So that a reset can find them without scanning the
+-- keyspace, every write of such a bucket adds its key to the set
+-- <prefix>:parts:{<tenant>}:<policy> (the index of the tenant's parts of
+-- the policy) and keeps the set alive at least as long as the bucket. A
+-- member whose bucket has expired stays until a later addition to the same
+-- set draws it (two random members are checked per new member), so the set
+-- holds about twice the live parts at most. The index key is derived from
+-- the bucket key rather than passed: it is in the same hash slot (the same
+-- {<tenant>} tag), and a decision pays no argument for it. An unpartitioned
+-- key costs one string search.
+local function index_part(key, ttl_ms)
+  local c = string.find(key, '}:', 1, true)
+  if not c then return end
+  local p = string.find(key, ':', c + 2, true)
+  if not p then return end
+  local a = string.find(key, ':', 1, true)
+  local b = string.find(key, ':', a + 1, true)
+  local idx = string.sub(key, 1, a) .. 'parts' .. string.sub(key, b, p - 1)
+  if redis.call('SADD', idx, key) == 1 then
+    local drawn = redis.call('SRANDMEMBER', idx, 2)
+    for i = 1, #drawn do
+      if drawn[i] ~= key and redis.call('EXISTS', drawn[i]) == 0 then
+        redis.call('SREM', idx, drawn[i])
+      end
+    end
+  end
+  if redis.call('PTTL', idx) < ttl_ms then
+    redis.call('PEXPIRE', idx, ttl_ms)
+  end
+end
+
 -- store writes state s of key with a TTL that ends when s equals a fresh
 -- bucket (rounded up to the millisecond), or deletes the key when s already
 -- does: an expired key and a fresh bucket mean the same thing.
@@ -178,7 +211,9 @@ local function store(key, alg, s, r, now)
   end
   -- A number argument is formatted by Redis itself, exactly for integers
   -- this small (string.format would cost more than the SET).
-  redis.call('SET', key, alg.encode(s), 'PX', math.ceil(ttl / 1000))
+  local ms = math.ceil(ttl / 1000)
+  redis.call('SET', key, alg.encode(s), 'PX', ms)
+  index_part(key, ms)
 end
 
 

@@ -15,7 +15,7 @@
 // loaded once, so its definitions are not rebuilt on every call.
 //
 // The argument and reply layouts are documented at the top of decide.lua,
-// refund.lua, lease.lua, release.lua and heartbeat.lua.
+// refund.lua, lease.lua, release.lua, reset.lua and heartbeat.lua.
 package lua
 
 import _ "embed"
@@ -49,6 +49,8 @@ var (
 	release string
 	//go:embed heartbeat.lua
 	heartbeat string
+	//go:embed reset.lua
+	reset string
 )
 
 // algorithms is common.lua followed by every algorithm file (delay.lua:
@@ -68,6 +70,9 @@ var (
 	Lease = algorithms + lease
 	// Release gives back concurrency slots: release.lua.
 	Release = release
+	// Reset deletes a tenant's buckets, those listed in its partition
+	// indexes too: reset.lua.
+	Reset = reset
 	// Heartbeat registers a live instance in the <prefix>:instances sorted
 	// set and counts the live ones: heartbeat.lua.
 	Heartbeat = heartbeat

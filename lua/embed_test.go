@@ -49,7 +49,7 @@ func TestLibrary(t *testing.T) {
 	if n := strings.Count(Library, "local ALGORITHMS = {}"); n != 1 {
 		t.Errorf("%d copies of common.lua, want 1", n)
 	}
-	for _, e := range []struct{ name, body string }{{"decide", decide}, {"refund", refund}, {"lease", lease}, {"release", release}} {
+	for _, e := range []struct{ name, body string }{{"decide", decide}, {"refund", refund}, {"lease", lease}, {"release", release}, {"reset", reset}, {"heartbeat", heartbeat}} {
 		reg := "redis.register_function('" + Function(e.name) + "', function(keys, args)\nKEYS, ARGV = keys, args\n" + e.body + "\nend)"
 		if !strings.Contains(Library, reg) {
 			t.Errorf("no function %s running %s.lua", Function(e.name), e.name)

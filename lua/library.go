@@ -28,6 +28,8 @@ var libraryEntries = []struct{ name, body string }{
 	{"refund", refund},
 	{"lease", lease},
 	{"release", release},
+	{"reset", reset},
+	{"heartbeat", heartbeat},
 }
 
 // LibraryName is the name of the library, "tollgate_" and a digest.
@@ -54,7 +56,7 @@ func init() {
 }
 
 // Function returns the name of the library function of an entry point:
-// "decide", "refund", "lease" or "release".
+// "decide", "refund", "lease", "release", "reset" or "heartbeat".
 func Function(entry string) string {
 	return LibraryName + "_" + entry
 }

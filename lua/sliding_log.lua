@@ -248,7 +248,9 @@ ALGORITHMS.sliding_log = function()
       redis.call('DEL', key)
       return
     end
-    redis.call('PEXPIRE', key, int(math.ceil(ttl / 1000)))
+    local ms = math.ceil(ttl / 1000)
+    redis.call('PEXPIRE', key, int(ms))
+    index_part(key, ms)
   end
 
   return {
