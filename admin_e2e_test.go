@@ -94,7 +94,7 @@ func TestAdminRoutes(t *testing.T) {
 			t.Fatalf("handlers: %v", hs)
 		}
 		h := hs[0].(map[string]any)
-		if h["store"] != "memory" || h["breaker_open"] != false || h["live_instances"] != 1.0 {
+		if h["store"] != "memory" || h["healthy"] != true || h["breaker_open"] != false || h["live_instances"] != 1.0 {
 			t.Fatalf("status: %v", h)
 		}
 		ps := h["policies"].([]any)
@@ -277,6 +277,43 @@ func testOverrides(t *testing.T, s *caddyServer, tenant string) {
 		if code != c.code || m["error"] == nil {
 			t.Errorf("%s %s: %d %v, want %d", c.method, c.body, code, m, c.code)
 		}
+	}
+}
+
+// TestAdminStatusHealth: on a real redis-server, /rate_limit/status says
+// healthy while Redis answers, not healthy once the breaker has opened
+// (Redis paused), and healthy again once the breaker's probe finds Redis
+// back, with no request.
+func TestAdminStatusHealth(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	s := startCaddyAdmin(t, "", fmt.Sprintf(adminSite, "\n\t\tredis {\n\t\t\taddress "+srv.Addr+
+		"\n\t\t\ttimeout 100ms\n\t\t\tbreaker_failures 2\n\t\t\tbreaker_cooldown 1s\n\t\t}"), nil)
+	health := func() (healthy, open any) {
+		t.Helper()
+		h := s.adminOK("GET", "/rate_limit/status", "")["handlers"].([]any)[0].(map[string]any)
+		return h["healthy"], h["breaker_open"]
+	}
+	if r := s.get("/", "X-Tenant", "h1"); r.status != http.StatusOK {
+		t.Fatalf("Redis up: status %d", r.status)
+	}
+	if healthy, open := health(); healthy != true || open != false {
+		t.Fatalf("Redis up: healthy %v, breaker_open %v; want true, false", healthy, open)
+	}
+	srv.Pause()
+	defer srv.Resume()
+	// One failed call leaves the breaker closed: still healthy.
+	s.get("/", "X-Tenant", "h1")
+	if healthy, open := health(); healthy != true || open != false {
+		t.Fatalf("after one failure: healthy %v, breaker_open %v; want true, false", healthy, open)
+	}
+	s.get("/", "X-Tenant", "h1")
+	if healthy, open := health(); healthy != false || open != true {
+		t.Fatalf("breaker open: healthy %v, breaker_open %v; want false, true", healthy, open)
+	}
+	srv.Resume()
+	waitFor(t, func() bool { healthy, _ := health(); return healthy == true })
+	if _, open := health(); open != false {
+		t.Fatalf("healthy again with the breaker open")
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tollgate/caddy-tollgate/limiter"
 	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
@@ -23,15 +22,7 @@ var knownLabelValues = map[string][]string{
 	"source":   metrics.SourceNames(),
 	"result":   {"ok", "error", "timeout", "noscript"},
 	"script":   metrics.RedisScripts(),
-	"event":    leaseEventNames(),
-}
-
-func leaseEventNames() []string {
-	var names []string
-	for ev := range limiter.NumLeaseEvents {
-		names = append(names, ev.String())
-	}
-	return names
+	"event":    metrics.LeaseEventNames(),
 }
 
 var (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -98,6 +99,13 @@ func TestLeaseEndToEnd(t *testing.T) {
 	const dur, units = "caddy_rate_limit_decision_duration_seconds", "caddy_rate_limit_lease_units_total"
 	if got := m.delta(before, dur, "policy", "small", "source", "cache"); got != 6 {
 		t.Errorf("small: %v decisions from the denial cache, want 6", got)
+	}
+	// The event label takes exactly the four documented values (a lost
+	// grant counts as acquired and expired).
+	for _, policy := range []string{"hold", "small"} {
+		if got, want := m.labelValues(units, "event", "policy", policy), []string{"acquired", "expired", "returned", "spent"}; !slices.Equal(got, want) {
+			t.Errorf("%s: lease event values %v, want %v", policy, got, want)
+		}
 	}
 	if got := m.delta(before, units, "policy", "hold", "event", "spent"); got != 29 {
 		t.Errorf("hold: %v units spent, want 29", got)

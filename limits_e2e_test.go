@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -171,6 +172,53 @@ func TestE2EMissingTenantDeny(t *testing.T) {
 	}
 	if r := s.get("/", "X-Tenant", "acme"); r.status != 200 {
 		t.Errorf("with tenant: status %d, want 200", r.status)
+	}
+}
+
+// TestE2EMissingTenantReported: a request refused by missing_tenant deny
+// is reported as a denial: one rate_limit_exceeded event (no policy,
+// reason missing_tenant) and one count in requests_total under policy
+// "missing_tenant", decision denied. Requests with a tenant add neither.
+func TestE2EMissingTenantReported(t *testing.T) {
+	s := startCaddy(t, "", metricsSite(`
+			tenant {http.request.header.X-Tenant}
+			missing_tenant deny
+			policy mt_api {
+				limit 100
+				window 1h
+			}`), subscribeRecorder("rate_limit_exceeded"))
+	const req = "caddy_rate_limit_requests_total"
+	before := scrapeMetrics(t, s.base+"/metrics")
+	if got := before.labelValues(req, "decision", "policy", "missing_tenant"); !slices.Equal(got, []string{"denied"}) {
+		t.Errorf("before any request: missing_tenant decisions exported %v, want [denied]", got)
+	}
+	takeRecordedEvents()
+	if r := s.get("/"); r.status != 429 || r.header.Get("Retry-After") != "1" {
+		t.Fatalf("no tenant: status %d Retry-After %q, want 429 with Retry-After 1", r.status, r.header.Get("Retry-After"))
+	}
+	if r := s.get("/", "X-Tenant", "acme"); r.status != 200 {
+		t.Fatalf("with tenant: status %d, want 200", r.status)
+	}
+	events := takeRecordedEvents()
+	if len(events) != 1 {
+		t.Fatalf("recorded %d rate_limit_exceeded events, want 1: %v", len(events), events)
+	}
+	e := events[0]
+	if e.Data["reason"] != "missing_tenant" || e.Data["policy"] != "" || e.Data["tenant"] != "" || e.Data["retry_after"] != int64(1) {
+		t.Errorf("event data %v, want reason missing_tenant, empty policy and tenant, retry_after 1", e.Data)
+	}
+	after := scrapeMetrics(t, s.base+"/metrics")
+	for _, w := range []struct {
+		labels []string
+		v      float64
+	}{
+		{[]string{"policy", "missing_tenant", "decision", "denied"}, 1},
+		{[]string{"policy", "mt_api", "decision", "allowed"}, 1},
+		{[]string{"policy", "mt_api", "decision", "denied"}, 0},
+	} {
+		if got := after.delta(before, req, w.labels...); got != w.v {
+			t.Errorf("%s%v moved by %v, want %v", req, w.labels, got, w.v)
+		}
 	}
 }
 

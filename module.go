@@ -82,12 +82,6 @@ var (
 // server of their requests, and opens the store they are decided with.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	switch {
-	case h.Distributed != nil && h.Redis != nil:
-		h.logger.Warn("'distributed' is ignored with a 'redis' block: Redis shares limits exactly")
-	case h.Distributed == nil && len(h.StorageRaw) > 0:
-		h.logger.Warn("'storage' is used only by 'distributed': it is ignored")
-	}
 	policies, err := h.Validate()
 	if err != nil {
 		return err

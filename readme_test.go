@@ -3,6 +3,7 @@ package tollgate
 import (
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,5 +47,37 @@ func TestCaddyfileExampleAdapts(t *testing.T) {
 	}
 	if err := validateConfig(cfg); err != nil {
 		t.Errorf("config does not provision: %v", err)
+	}
+}
+
+// TestReadmeInstallCommands: the Install section gives, as commands of a
+// sh block, the plain xcaddy build that fetches the module, the build
+// from a checkout, and names the pinned @<version> form.
+func TestReadmeInstallCommands(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, install, ok := strings.Cut(string(b), "\n## Install\n")
+	if !ok {
+		t.Fatal("README has no ## Install section")
+	}
+	install, _, _ = strings.Cut(install, "\n## ")
+	var commands []string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(install, -1) {
+		for l := range strings.SplitSeq(m[1], "\n") {
+			commands = append(commands, strings.TrimSpace(l))
+		}
+	}
+	for _, want := range []string{
+		"xcaddy build --with github.com/tollgate/caddy-tollgate",
+		`xcaddy build v2.11.9 --with "github.com/tollgate/caddy-tollgate=$(pwd)"`,
+	} {
+		if !slices.Contains(commands, want) {
+			t.Errorf("the Install section has no command line %q; its sh lines: %q", want, commands)
+		}
+	}
+	if !strings.Contains(strings.Join(strings.Fields(install), " "), "github.com/tollgate/caddy-tollgate@<version>") {
+		t.Error("the Install section does not name the @<version> form")
 	}
 }

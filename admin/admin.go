@@ -107,6 +107,13 @@ func (adminAPI) notFound(w http.ResponseWriter, r *http.Request) error {
 
 func storeKind(h *gate.Gate) string { return h.Store.Status().Kind }
 
+// storeHealthy is the healthy field of a handler's status: the store is
+// not known to fail. Only a Redis store can fail, and the breaker is what
+// knows: it opens after breaker_failures failed calls in a row (one failed
+// call among successes is noise, and the fail modes act on the breaker
+// too), and closes once a probe succeeds.
+func storeHealthy(st gate.Status) bool { return !st.BreakerOpen }
+
 type policyStatus struct {
 	Name      string `json:"name"`
 	Algorithm string `json:"algorithm"`
@@ -132,7 +139,15 @@ type leaseStatus struct {
 }
 
 type handlerStatus struct {
-	Store       string         `json:"store"`
+	Store string `json:"store"`
+	// Healthy: the store answers this instance's calls, as far as this
+	// instance knows without asking it again. The embedded store always
+	// does. A Redis store is not healthy while its circuit breaker is
+	// open: breaker_failures calls in a row failed, and no probe has
+	// succeeded since (the breaker probes Redis in the background every
+	// breaker_cooldown, so this turns true within a cooldown of Redis
+	// answering, even with no traffic). Reading it costs no Redis call.
+	Healthy     bool           `json:"healthy"`
 	KeyPrefix   string         `json:"key_prefix,omitempty"`
 	BreakerOpen bool           `json:"breaker_open"`
 	Instances   int            `json:"live_instances"`
@@ -151,6 +166,7 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 		st := h.Store.Status()
 		leaseStats := st.Leases
 		hs.KeyPrefix, hs.BreakerOpen, hs.Instances = st.KeyPrefix, st.BreakerOpen, st.Instances
+		hs.Healthy = storeHealthy(st)
 		for _, p := range h.Policies {
 			ps := policyStatus{
 				Name:      p.Engine.Name,

@@ -30,6 +30,7 @@ func (h *Handler) Warn(logger *zap.Logger, policies []*limiter.Policy) {
 				zap.String("tenant", tenant), zap.String("tier", tier))
 		}
 	}
+	h.warnDistributed(logger)
 	if h.Redis != nil && (h.MaxMemory != 0 || h.SweepInterval != 0) {
 		logger.Warn("max_memory and sweep_interval size the embedded store: they are ignored with a redis block")
 	}
@@ -47,5 +48,30 @@ func (h *Handler) Warn(logger *zap.Logger, policies []*limiter.Policy) {
 		if pc := h.RateLimits[name]; i < len(policies) && policies[i].Algorithm == limiter.Concurrency && pc.Window > 0 {
 			logger.Warn("window is ignored by the concurrency algorithm (it limits requests in flight)", zap.String("policy", name))
 		}
+	}
+}
+
+// warnDistributed logs one WARN when caddy-ratelimit's distributed or
+// storage is set, naming the redis block as what supersedes them: beside
+// one they are ignored; without one, distributed runs caddy-ratelimit's
+// sync through storage (approximate), and storage alone does nothing.
+// Both are accepted so that a caddy-ratelimit config keeps loading.
+func (h *Handler) warnDistributed(logger *zap.Logger) {
+	storage := len(h.StorageRaw) > 0
+	switch {
+	case h.Redis != nil && (h.Distributed != nil || storage):
+		var ignored []string
+		if h.Distributed != nil {
+			ignored = append(ignored, "distributed")
+		}
+		if storage {
+			ignored = append(ignored, "storage")
+		}
+		logger.Warn("distributed and storage are superseded by the redis block, which shares limits exactly across the fleet: they are ignored",
+			zap.Strings("ignored", ignored))
+	case h.Distributed != nil:
+		logger.Warn("distributed syncs limits through storage as caddy-ratelimit does, approximately (a fleet can admit more than a zone's events in a window); a redis block supersedes it with exact fleet-wide limits")
+	case storage:
+		logger.Warn("storage is used only by distributed: it is ignored; a redis block supersedes both with exact fleet-wide limits")
 	}
 }

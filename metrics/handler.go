@@ -15,6 +15,32 @@ type Handler struct {
 	policies   []policyMetrics
 	tenants    *tenantTracker
 	tenantsKey string
+	// missingTenant counts the requests refused by missing_tenant deny;
+	// nil until DeniesMissingTenant.
+	missingTenant prometheus.Counter
+}
+
+// MissingTenantPolicy is the policy label under which requests refused by
+// missing_tenant deny are counted (decision denied). No policy decided
+// them, and a label value cannot be empty, so they are counted under the
+// name of the setting that refused them, as shed requests are counted
+// under "protect".
+const MissingTenantPolicy = "missing_tenant"
+
+// DeniesMissingTenant creates the series of MissingTenantDenied at zero,
+// for a handler configured with missing_tenant deny, so that increase()
+// sees the first one. Call it before the handler serves.
+func (m *Handler) DeniesMissingTenant() {
+	m.missingTenant = collectors.requests.WithLabelValues(MissingTenantPolicy, decisionNames[decisionDenied])
+}
+
+// MissingTenantDenied counts a request refused by missing_tenant deny.
+func (m *Handler) MissingTenantDenied() {
+	c := m.missingTenant
+	if c == nil {
+		c = collectors.requests.WithLabelValues(MissingTenantPolicy, decisionNames[decisionDenied])
+	}
+	c.Inc()
 }
 
 // PolicyInfo is what NewHandler needs of a policy.

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -100,13 +101,51 @@ func TestBreakerAndLeaseHooks(t *testing.T) {
 	if got := read(collectors.breakerOpen).Gauge.GetValue(); got != 0 {
 		t.Errorf("no backend: breaker gauge %v", got)
 	}
-	for ev := range limiter.NumLeaseEvents {
-		c := collectors.leaseUnits.WithLabelValues("lease_hook", ev.String())
-		before := read(c).Counter.GetValue()
-		ObserveLeaseUnits("lease_hook", ev, 3)
-		ObserveLeaseUnits("lease_hook", ev, 0)
-		if got := read(c).Counter.GetValue() - before; got != 3 {
-			t.Errorf("lease units %s: %v, want 3", ev, got)
+	// Each engine event adds to the series of its label; a lost grant
+	// (limiter.LeaseLost) adds to acquired and expired, and there is no
+	// "lost" series.
+	for _, tc := range []struct {
+		ev   limiter.LeaseEvent
+		want map[string]float64
+	}{
+		{limiter.LeaseAcquired, map[string]float64{"acquired": 3}},
+		{limiter.LeaseSpent, map[string]float64{"spent": 3}},
+		{limiter.LeaseReturned, map[string]float64{"returned": 3}},
+		{limiter.LeaseExpired, map[string]float64{"expired": 3}},
+		{limiter.LeaseLost, map[string]float64{"acquired": 3, "expired": 3}},
+	} {
+		before := map[string]float64{}
+		for _, name := range LeaseEventNames() {
+			before[name] = read(collectors.leaseUnits.WithLabelValues("lease_hook", name)).Counter.GetValue()
 		}
+		ObserveLeaseUnits("lease_hook", tc.ev, 3)
+		ObserveLeaseUnits("lease_hook", tc.ev, 0)
+		for _, name := range LeaseEventNames() {
+			got := read(collectors.leaseUnits.WithLabelValues("lease_hook", name)).Counter.GetValue() - before[name]
+			if got != tc.want[name] {
+				t.Errorf("after %d units %s: %s moved by %v, want %v", 3, tc.ev, name, got, tc.want[name])
+			}
+		}
+	}
+	if n := limiter.NumLeaseEvents; n != 5 {
+		t.Errorf("the engine has %d lease events: map the new ones in leaseLabel and here", n)
+	}
+	if got, want := LeaseEventNames(), []string{"acquired", "spent", "returned", "expired"}; !slices.Equal(got, want) {
+		t.Errorf("LeaseEventNames() = %v, want %v", got, want)
+	}
+	ch := make(chan prometheus.Metric, 16)
+	collectors.leaseUnits.Collect(ch)
+	close(ch)
+	var events []string
+	for m := range ch {
+		for _, lp := range read(m).Label {
+			if lp.GetName() == "event" && !slices.Contains(events, lp.GetValue()) {
+				events = append(events, lp.GetValue())
+			}
+		}
+	}
+	slices.Sort(events)
+	if want := []string{"acquired", "expired", "returned", "spent"}; !slices.Equal(events, want) {
+		t.Errorf("lease_units_total event values %v, want %v", events, want)
 	}
 }

@@ -40,21 +40,55 @@ func ObserveNotification(event, result string) {
 // leaseCounters caches, per policy, the children of
 // caddy_rate_limit_lease_units_total, so counting spent units on the
 // request path is a map read and an atomic add.
-var leaseCounters sync.Map // policy name -> *[limiter.NumLeaseEvents]prometheus.Counter
+var leaseCounters sync.Map // policy name -> *leaseChildren
+
+// leaseChildren are one policy's series, by event label.
+type leaseChildren [len(leaseEventNames)]prometheus.Counter
+
+// leaseEventNames are the values of the event label; leaseLabel maps each
+// engine event to one of them.
+var (
+	leaseEventNames = [...]string{"acquired", "spent", "returned", "expired"}
+	leaseLabel      = [limiter.NumLeaseEvents]int{
+		limiter.LeaseAcquired: 0,
+		limiter.LeaseSpent:    1,
+		limiter.LeaseReturned: 2,
+		limiter.LeaseExpired:  3,
+		limiter.LeaseLost:     -1, // acquired and expired, below
+	}
+)
+
+// LeaseEventNames are the values of the event label of
+// caddy_rate_limit_lease_units_total.
+func LeaseEventNames() []string { return leaseEventNames[:] }
 
 // ObserveLeaseUnits implements limiter.LeaseOptions.Observe.
+//
+// The engine's LeaseLost (units a lease call whose reply never arrived may
+// have taken from the store) has no series of its own: those units count
+// as acquired (the store may have charged them) and expired (no request
+// was served from them, none went back), so that acquired = spent +
+// returned + expired + held stays true and the label keeps its four
+// values. Both counts are upper bounds for such units.
 func ObserveLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
 	v, ok := leaseCounters.Load(policy)
 	if !ok {
-		var cs [limiter.NumLeaseEvents]prometheus.Counter
-		for e := range limiter.NumLeaseEvents {
-			cs[e] = collectors.leaseUnits.WithLabelValues(policy, e.String())
+		var cs leaseChildren
+		for i, name := range leaseEventNames {
+			cs[i] = collectors.leaseUnits.WithLabelValues(policy, name)
 		}
 		v, _ = leaseCounters.LoadOrStore(policy, &cs)
 	}
-	if ev < limiter.NumLeaseEvents && units > 0 {
-		v.(*[limiter.NumLeaseEvents]prometheus.Counter)[ev].Add(float64(units))
+	if ev >= limiter.NumLeaseEvents || units <= 0 {
+		return
 	}
+	cs := v.(*leaseChildren)
+	if i := leaseLabel[ev]; i >= 0 {
+		cs[i].Add(float64(units))
+		return
+	}
+	cs[leaseLabel[limiter.LeaseAcquired]].Add(float64(units))
+	cs[leaseLabel[limiter.LeaseExpired]].Add(float64(units))
 }
 
 // The scripts and results the Redis store reports, so their label

@@ -5,6 +5,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/tollgate/caddy-tollgate/compat"
+	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
@@ -27,6 +28,9 @@ func (h *Server) provisionMetrics(ctx caddy.Context) error {
 	m, err := metrics.NewHandler(h.Redis != nil, h.MetricsTenants, infos)
 	if err != nil {
 		return err
+	}
+	if h.MissingTenant == config.MissingTenantDeny {
+		m.DeniesMissingTenant()
 	}
 	h.metrics = m
 	return nil

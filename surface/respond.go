@@ -321,13 +321,44 @@ var errMissingTenant = errors.New("rate limit: request has no tenant (missing_te
 // policy decided, so the placeholders say so: empty policy and tenant,
 // limit and remaining 0, retry_after 1 (what Retry-After says), so a
 // handle_errors template renders as it does for any other 429.
+//
+// It is reported as every denial is, so that alerts on 429s see it: the
+// INFO line "rate limit exceeded" and the rate_limit_exceeded event, with
+// an empty zone, policy and tenant and reason "missing_tenant", and one
+// count in requests_total under policy "missing_tenant"
+// (metrics.MissingTenantPolicy), decision denied. The denial stream does
+// not record it: its entries are a tenant's history, and there is none.
 func (h *Server) denyMissingTenant(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer) error {
 	setPlaceholders(r, repl, placeholderValues{retryAfter: 1})
 	setExceeded(r, repl, "", 1)
 	w.Header().Set("Retry-After", "1")
-	h.logger.Debug("rate limit: no tenant", zap.String("template", h.Tenant))
+	if h.metrics != nil {
+		h.metrics.MissingTenantDenied()
+	}
+	ip := remoteIP(r)
+	if ce := h.logger.Check(zapcore.InfoLevel, "rate limit exceeded"); ce != nil {
+		ce.Write(zap.String("zone", ""), zap.Duration("wait", time.Second), zap.String("remote_ip", ip),
+			zap.String("tenant", ""), zap.String("policy", ""), zap.Int64("limit", 0), zap.Int64("retry_after", 1),
+			zap.String("reason", missingTenantReason), zap.String("template", h.Tenant))
+	}
+	if h.events != nil {
+		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
+			"zone":        "",
+			"wait":        time.Second,
+			"remote_ip":   ip,
+			"policy":      "",
+			"tenant":      "",
+			"limit":       int64(0),
+			"retry_after": int64(1),
+			"reason":      missingTenantReason,
+		})
+	}
 	return caddyhttp.Error(http.StatusTooManyRequests, errMissingTenant)
 }
+
+// missingTenantReason is the reason field of a missing_tenant denial's
+// log line and event.
+const missingTenantReason = "missing_tenant"
 
 // logShadowDenial writes the INFO line of a shadow would-deny.
 func (h *Server) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
