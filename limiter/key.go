@@ -64,17 +64,48 @@ func escapedLen(v string) int {
 	return n
 }
 
-// anonymousTag is the hash tag of the empty tenant, the anonymous bucket.
-// An empty tag would make Redis Cluster hash each whole key, scattering
-// one request's keys over slots; AppendEscaped writes '%' only before two
-// hex digits or '#', so no tenant value produces this tag.
-const anonymousTag = "%"
+// Anonymous is the tenant of requests whose tenant (or, without a tenant
+// template, whose key) resolves empty: one bucket per policy, shared by
+// all of them, named "_anonymous" wherever a tenant shows (its keys'
+// hash tag, placeholders, logs, the admin API). Requests reach it only
+// through TenantOf, never by sending its name.
+const Anonymous = "_anonymous"
+
+// TenantOf is the engine's tenant of a request whose tenant (or key)
+// resolved to v: Anonymous for an empty v, v itself for every other
+// value but one. A request sending the literal value "_anonymous" must not
+// share the anonymous bucket, so that value becomes the empty tenant,
+// which no request has otherwise; its hash tag is literalAnonymousTag, and
+// placeholders and logs show it empty. TenantOf is its own inverse:
+// TenantOf(tenant) is the value the request sent, as caddy-ratelimit
+// names a bucket. Everything that reads a tenant from a request calls it,
+// once; the admin API names tenants as the engine does, so
+// tenant=_anonymous is the anonymous bucket.
+func TenantOf(v string) string {
+	switch v {
+	case "":
+		return Anonymous
+	case Anonymous:
+		return ""
+	}
+	return v
+}
+
+// literalAnonymousTag is the hash tag of the empty tenant, the requests
+// that sent the literal value "_anonymous" (see TenantOf): that value
+// with its '_' written %5F. AppendEscaped writes '%' only before the
+// upper-case hex of a byte it must escape (a control byte, '{', '}', ':'
+// or '%', never '_') or before the digest's '#', so no other tenant has
+// this tag. It is not empty: an empty tag would make Redis Cluster hash
+// each whole key, scattering one request's keys over slots.
+const literalAnonymousTag = "%5Fanonymous"
 
 // AppendTenantTag appends the hash-tag text of tenant to dst: its escaped
-// form, or anonymousTag for the empty tenant.
+// form (Anonymous is "_anonymous"), or literalAnonymousTag for the empty
+// tenant. Every key that carries a tenant writes it through here.
 func AppendTenantTag(dst []byte, tenant string) []byte {
 	if tenant == "" {
-		return append(dst, anonymousTag...)
+		return append(dst, literalAnonymousTag...)
 	}
 	return AppendEscaped(dst, tenant)
 }

@@ -164,7 +164,9 @@ func TestAppendKey(t *testing.T) {
 		{SlidingWindow, "acme", "api", "GET /v1", "rl:sliding_window:{acme}:api:GET /v1"},
 		{GCRA, "a:b", "api", "x:y", "rl:gcra:{a%3Ab}:api:x%3Ay"},
 		{FixedWindow, "}{", "p", "", "rl:fixed_window:{%7D%7B}:p"},
-		{SlidingLog, "", "p", "", "rl:sliding_log:{%}:p"},
+		{SlidingLog, Anonymous, "p", "", "rl:sliding_log:{_anonymous}:p"},
+		{SlidingLog, "", "p", "", "rl:sliding_log:{%5Fanonymous}:p"},
+		{SlidingLog, "%5Fanonymous", "p", "", "rl:sliding_log:{%255Fanonymous}:p"},
 		{SlidingLog, "%", "p", "", "rl:sliding_log:{%25}:p"},
 		{Concurrency, "t", "p", "{x}", "rl:concurrency:{t}:p:%7Bx%7D"},
 	} {
@@ -172,10 +174,10 @@ func TestAppendKey(t *testing.T) {
 			t.Errorf("AppendKey = %q, want %q", got, tc.want)
 		}
 	}
-	// The anonymous tenant's keys share one Cluster slot, as every
-	// tenant's do (an empty hash tag would hash each whole key).
+	// The empty tenant's keys share one Cluster slot, as every tenant's
+	// do (an empty hash tag would hash each whole key).
 	if a, b := keySlot(AppendKey(nil, "rl", TokenBucket, "", "a", "")), keySlot(AppendKey(nil, "rl", GCRA, "", "b", "x")); a != b {
-		t.Errorf("anonymous keys in slots %d and %d", a, b)
+		t.Errorf("empty tenant's keys in slots %d and %d", a, b)
 	}
 	// No (tenant, part) pair can produce the key of another pair.
 	seen := map[string][2]string{}
@@ -194,6 +196,62 @@ func TestAppendKey(t *testing.T) {
 	if len(a) != len(b) || len(a) > 200 {
 		t.Errorf("long keys: %d and %d bytes", len(a), len(b))
 	}
+}
+
+// TestTenantOf: a request's empty tenant is the anonymous tenant, tagged
+// "_anonymous"; a request sending "_anonymous" is another tenant, tagged
+// "%5Fanonymous"; no two request values share a tag; TenantOf is its own
+// inverse.
+func TestTenantOf(t *testing.T) {
+	for _, tc := range []struct{ sent, tenant, tag string }{
+		{"", Anonymous, "_anonymous"},
+		{"_anonymous", "", "%5Fanonymous"},
+		{"%5Fanonymous", "%5Fanonymous", "%255Fanonymous"},
+		{"%5fanonymous", "%5fanonymous", "%255fanonymous"},
+		{"{_anonymous}", "{_anonymous}", "%7B_anonymous%7D"},
+		{"_Anonymous", "_Anonymous", "_Anonymous"},
+		{"acme", "acme", "acme"},
+	} {
+		if got := TenantOf(tc.sent); got != tc.tenant {
+			t.Errorf("TenantOf(%q) = %q, want %q", tc.sent, got, tc.tenant)
+		}
+		if got := string(AppendTenantTag(nil, TenantOf(tc.sent))); got != tc.tag {
+			t.Errorf("tag of a request sending %q = %q, want %q", tc.sent, got, tc.tag)
+		}
+	}
+	sent := append([]string{Anonymous, literalAnonymousTag, "%5F", "_anonymous "}, hostileValues...)
+	seen := map[string]string{}
+	for _, v := range sent {
+		tenant := TenantOf(v)
+		if back := TenantOf(tenant); back != v {
+			t.Errorf("TenantOf(TenantOf(%.40q)) = %.40q", v, back)
+		}
+		tag := string(AppendTenantTag(nil, tenant))
+		if tag == "" {
+			t.Errorf("request value %.40q: empty hash tag", v)
+		}
+		if prev, dup := seen[tag]; dup {
+			t.Errorf("request values %.40q and %.40q share the tag %.60q", prev, v, tag)
+		}
+		seen[tag] = v
+	}
+}
+
+// FuzzTenantTag: two different request values never share a hash tag.
+func FuzzTenantTag(f *testing.F) {
+	f.Add("", "_anonymous")
+	f.Add("_anonymous", "%5Fanonymous")
+	f.Add("", "%")
+	f.Add(strings.Repeat("{", 43), "%#")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if a == b {
+			return
+		}
+		ta, tb := AppendTenantTag(nil, TenantOf(a)), AppendTenantTag(nil, TenantOf(b))
+		if bytes.Equal(ta, tb) {
+			t.Fatalf("request values %q and %q share the tag %q", a, b, ta)
+		}
+	})
 }
 
 func TestValidName(t *testing.T) {
@@ -239,6 +297,11 @@ func FuzzAppendEscaped(f *testing.F) {
 		}
 		if bytes.HasPrefix(out, []byte(hashedMarker)) {
 			t.Fatalf("short value %q looks like a digest: %q", v, out)
+		}
+		// '_' is never escaped, so no value's escaped form is the tag
+		// of the literal "_anonymous" (literalAnonymousTag).
+		if bytes.Contains(out, []byte("%5F")) {
+			t.Fatalf("%q -> %q contains %%5F", v, out)
 		}
 		if len(out) > 3*len(v) {
 			t.Fatalf("%q grew to %d bytes", v, len(out))
