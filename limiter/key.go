@@ -5,15 +5,17 @@ import (
 	"encoding/hex"
 )
 
-// MaxValueLen is the longest escaped tenant or partition value kept in a
-// key. A value whose escaped form is longer is replaced by a digest, so a
-// hostile header cannot grow keys (and memory) without bound: a value adds
-// at most MaxValueLen bytes to a key, however many bytes it has to escape.
+// MaxValueLen is the longest tenant or partition value, in raw bytes, kept
+// in a key. A longer value is replaced by a digest, so a hostile header
+// cannot grow keys (and memory) without bound: a kept value adds at most
+// 3 x MaxValueLen bytes to a key (every byte escaped), a digest 66. The
+// bound is on the raw value, not its escaped form, so whether a value is
+// kept does not depend on how many of its bytes need escaping.
 const MaxValueLen = 128
 
 // hashedMarker starts a digest in place of a long value. Escaping always
 // writes '%' followed by two hex digits, so "%#" never comes out of
-// AppendEscaped and a digest cannot collide with an escaped value.
+// AppendEscaped for a kept value, and a digest cannot collide with one.
 const hashedMarker = "%#"
 
 const upperhex = "0123456789ABCDEF"
@@ -27,13 +29,12 @@ func needsEscape(c byte) bool {
 
 // AppendEscaped appends v to dst in the form used inside bucket keys: bytes
 // that could move a Redis hash tag, split a key or corrupt a log line are
-// percent-encoded ('%' and two upper-case hex digits), and a value whose
-// escaped form would be longer than MaxValueLen bytes is replaced by
-// "%#" + hex(SHA-256(v)) (66 bytes). Distinct values always give distinct
-// output: escaping is invertible, never writes "%#", and digests of
-// distinct values differ.
+// percent-encoded ('%' and two upper-case hex digits), and a value longer
+// than MaxValueLen bytes is replaced by "%#" + hex(SHA-256(v)) (66 bytes).
+// Distinct values always give distinct output: escaping is invertible,
+// never writes "%#", and digests of distinct values differ.
 func AppendEscaped(dst []byte, v string) []byte {
-	if escapedLen(v) > MaxValueLen {
+	if len(v) > MaxValueLen {
 		sum := sha256.Sum256([]byte(v))
 		dst = append(dst, hashedMarker...)
 		return hex.AppendEncode(dst, sum[:])
@@ -47,21 +48,6 @@ func AppendEscaped(dst []byte, v string) []byte {
 		dst = append(dst, c)
 	}
 	return dst
-}
-
-// escapedLen returns the length of the escaped form of v, or len(v) when
-// that is already over MaxValueLen (escaping never shortens a value).
-func escapedLen(v string) int {
-	n := len(v)
-	if n > MaxValueLen {
-		return n
-	}
-	for i := 0; i < len(v); i++ {
-		if needsEscape(v[i]) {
-			n += 2
-		}
-	}
-	return n
 }
 
 // Anonymous is the tenant of requests whose tenant (or, without a tenant

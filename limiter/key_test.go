@@ -104,7 +104,7 @@ func TestAppendEscaped(t *testing.T) {
 			t.Errorf("%.40q and %.40q both escape to %.60q", prev, v, out)
 		}
 		seen[string(out)] = v
-		if escapedLen(v) > MaxValueLen {
+		if len(v) > MaxValueLen {
 			sum := sha256.Sum256([]byte(v))
 			if want := hashedMarker + hex.EncodeToString(sum[:]); string(out) != want {
 				t.Errorf("long value -> %q, want %q", out, want)
@@ -133,23 +133,29 @@ func TestAppendEscaped(t *testing.T) {
 	if got := string(AppendEscaped([]byte("pre:"), "a:")); got != "pre:a%3A" {
 		t.Errorf("append: %q", got)
 	}
-	// The bound applies to the escaped form: 42 braces escape to 126
-	// bytes and are kept, 43 would be 129 and are digested; so are 128
-	// bytes of one escaped byte and one more.
-	for v, hashed := range map[string]bool{
-		strings.Repeat("{", 42):                  false,
-		strings.Repeat("{", 42) + "ab":           false,
-		strings.Repeat("{", 42) + "abc":          true,
-		strings.Repeat("{", 43):                  true,
-		strings.Repeat("x", MaxValueLen-2) + ":": true,
-		strings.Repeat("x", MaxValueLen-3) + ":": false,
-		strings.Repeat("\x00", 10):               false,
-		strings.Repeat("\x00", MaxValueLen):      true,
-		strings.Repeat("{", MaxValueLen):         true,
+	// The bound applies to the raw value: 128 bytes are kept, escaped
+	// (up to 3 x 128 bytes), whatever they escape to; 129 bytes are
+	// digested, even when nothing in them needs escaping.
+	digest := func(v string) string {
+		sum := sha256.Sum256([]byte(v))
+		return "%#" + hex.EncodeToString(sum[:])
+	}
+	for _, tc := range []struct{ v, want string }{
+		{strings.Repeat("x", 128), strings.Repeat("x", 128)},
+		{strings.Repeat("x", 129), digest(strings.Repeat("x", 129))},
+		{strings.Repeat("x", 127) + ":", strings.Repeat("x", 127) + "%3A"},
+		{strings.Repeat("x", 128) + ":", digest(strings.Repeat("x", 128) + ":")},
+		{strings.Repeat("{", 42) + "abc", strings.Repeat("%7B", 42) + "abc"},
+		{strings.Repeat("{", 43), strings.Repeat("%7B", 43)},
+		{strings.Repeat("{", 128), strings.Repeat("%7B", 128)},
+		{strings.Repeat("{", 129), digest(strings.Repeat("{", 129))},
+		{strings.Repeat("\x00", 128), strings.Repeat("%00", 128)},
+		{strings.Repeat("%", 127) + "_", strings.Repeat("%25", 127) + "_"},
+		{strings.Repeat(":", 129), digest(strings.Repeat(":", 129))},
+		{"%#" + strings.Repeat("a", 126), "%25#" + strings.Repeat("a", 126)},
 	} {
-		out := AppendEscaped(nil, v)
-		if got := bytes.HasPrefix(out, []byte(hashedMarker)); got != hashed || len(out) > MaxValueLen {
-			t.Errorf("%q (%d bytes, %d escaped) -> %d bytes %.20q: hashed %v, want %v", v, len(v), escapedLen(v), len(out), out, got, hashed)
+		if got := string(AppendEscaped(nil, tc.v)); got != tc.want {
+			t.Errorf("%.20q... (%d bytes) -> %.30q... (%d bytes), want %.30q... (%d bytes)", tc.v, len(tc.v), got, len(got), tc.want, len(tc.want))
 		}
 	}
 }
@@ -280,10 +286,10 @@ func FuzzAppendEscaped(f *testing.F) {
 		if err := checkEscaped(out); err != nil {
 			t.Fatalf("%q -> %q: %v", v, out, err)
 		}
-		if len(out) > MaxValueLen {
-			t.Fatalf("%q -> %d bytes, more than MaxValueLen", v, len(out))
+		if len(out) > 3*MaxValueLen {
+			t.Fatalf("%q -> %d bytes, more than 3 x MaxValueLen", v, len(out))
 		}
-		if escapedLen(v) > MaxValueLen {
+		if len(v) > MaxValueLen {
 			sum := sha256.Sum256([]byte(v))
 			if string(out) != hashedMarker+hex.EncodeToString(sum[:]) {
 				t.Fatalf("long value -> %q", out)
