@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
@@ -23,7 +24,7 @@ func TestE2EAnonymousBucketNamed(t *testing.T) {
 			redisBlock := ""
 			if store == "redis" {
 				srv = redistest.StartStandalone(t, redistest.Options{})
-				redisBlock = "\n\t\t\tredis {\n\t\t\t\taddress " + srv.Addr + "\n\t\t\t}"
+				redisBlock = "\n\t\t\tredis {\n\t\t\t\taddress " + srv.Addr + "\n\t\t\t}\n\t\t\tdenials_stream"
 			}
 			// Policy names differ per store: the embedded store outlives
 			// the config, and same-named policies share buckets.
@@ -121,6 +122,19 @@ func TestE2EAnonymousBucketNamed(t *testing.T) {
 			}
 			if c := s.statuses(1, "/t", "X-Tenant", "_anonymous"); c[429] != 1 {
 				t.Fatalf("literal _anonymous after the anonymous reset: %v, want 429 (not reset)", c)
+			}
+			if srv != nil {
+				// One denial each: the anonymous tenant's is listed under
+				// its name, the literal value's is not.
+				waitFor(t, func() bool {
+					m := s.adminOK(http.MethodGet, "/rate_limit/denials?tenant=_anonymous", "")
+					return len(m["denials"].([]any)) == 1
+				})
+				time.Sleep(200 * time.Millisecond)
+				ds := s.adminOK(http.MethodGet, "/rate_limit/denials?tenant=_anonymous", "")["denials"].([]any)
+				if len(ds) != 1 || ds[0].(map[string]any)["tenant"] != "_anonymous" || ds[0].(map[string]any)["policy"] != pt {
+					t.Fatalf("denials of _anonymous: %v, want 1 of tenant _anonymous", ds)
+				}
 			}
 
 			// A runtime override of "_anonymous" applies to it.
