@@ -408,18 +408,21 @@ type peerView struct {
 }
 
 // bucket is the (zone, key) caddy-ratelimit would file c's bucket under.
-// Without a tenant the key is the zone key, as there; with one, tenant
-// and key escaped and joined by ':', which no unescaped key contains, so
-// such buckets cannot be confused with a peer's.
+// Tenants are named by the value the request sent (limiter.TenantOf: the
+// anonymous tenant is the empty key, as there). Without a tenant the key
+// is the zone key, as there; with one, tenant and key escaped and joined
+// by ':', which no unescaped key contains, so such buckets cannot be
+// confused with a peer's.
 func (v *peerView) bucket(c *limiter.Check) (string, string) {
 	zone, ok := v.zones[c.Policy]
 	if !ok {
 		zone = c.Policy
 	}
+	sent := limiter.TenantOf(c.Tenant)
 	if !v.tenant {
-		return zone, c.Tenant
+		return zone, sent
 	}
-	b := limiter.AppendEscaped(nil, c.Tenant)
+	b := limiter.AppendEscaped(nil, sent)
 	b = append(b, ':')
 	return zone, string(limiter.AppendEscaped(b, c.Part))
 }

@@ -29,8 +29,8 @@ type PolicyConfig struct {
 	// policy. Without `tenant`, the key is the tenant, and empty means one
 	// bucket shared by every request, as in caddy-ratelimit; per client IP
 	// is `{http.vars.client_ip}` (`{client_ip}` in a Caddyfile). A key that
-	// resolves empty counts in that same shared (anonymous) bucket, which
-	// no other value shares.
+	// resolves empty counts in that same shared bucket, the tenant
+	// "_anonymous", which no other value (that one included) shares.
 	Key string `json:"key,omitempty"`
 
 	// How the bucket counts: token_bucket, gcra, sliding_window,

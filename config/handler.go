@@ -27,8 +27,9 @@ type Handler struct {
 	TenantTiers map[string]string `json:"tenant_tiers,omitempty"`
 
 	// When tenant resolves to an empty string: "shared" (default) counts
-	// the request in one bucket per policy, the anonymous tenant's (no
-	// tenant value can share it), "deny" answers 429.
+	// the request in one bucket per policy, the tenant "_anonymous"'s (a
+	// request sending that value literally has a bucket of its own),
+	// "deny" answers 429.
 	MissingTenant string `json:"missing_tenant,omitempty"`
 
 	// Default lease for every policy. Applies to the Redis store only.

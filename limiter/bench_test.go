@@ -159,9 +159,9 @@ func BenchmarkMemoryBytesPerKey(b *testing.B) {
 // floodTenants is how many tenants BenchmarkMemoryFlood sends.
 const floodTenants = 4_000_000
 
-// BenchmarkMemoryFlood sends 4 million random hostile tenants (128 bytes
+// BenchmarkMemoryFlood sends 4 million random hostile tenants (129 bytes
 // of braces, colons, '%', control bytes and a few letters, as a client
-// controlling the tenant header could) through a MemoryStore with the
+// controlling the tenant header could; each stored as its digest) through a MemoryStore with the
 // default MaxMemory, one token-bucket request each, and reports the live
 // heap after a garbage collection, the process's resident memory then
 // (VmRSS) and at its peak (VmHWM), in MiB. It runs the flood once
@@ -176,7 +176,7 @@ func BenchmarkMemoryFlood(b *testing.B) {
 	m := NewMemoryStore(MemoryOptions{SweepInterval: -1})
 	defer m.Close()
 	rng := rand.New(rand.NewPCG(1, 1))
-	buf := make([]byte, 128)
+	buf := make([]byte, MaxValueLen+1)
 	checks := []Check{{Algorithm: TokenBucket, Policy: "api", Rate: Rate{Limit: 100, Window: time.Hour}, Cost: 1}}
 	res := make([]Result, 1)
 	for range floodTenants {

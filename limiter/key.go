@@ -5,15 +5,17 @@ import (
 	"encoding/hex"
 )
 
-// MaxValueLen is the longest escaped tenant or partition value kept in a
-// key. A value whose escaped form is longer is replaced by a digest, so a
-// hostile header cannot grow keys (and memory) without bound: a value adds
-// at most MaxValueLen bytes to a key, however many bytes it has to escape.
+// MaxValueLen is the longest tenant or partition value, in raw bytes, kept
+// in a key. A longer value is replaced by a digest, so a hostile header
+// cannot grow keys (and memory) without bound: a kept value adds at most
+// 3 x MaxValueLen bytes to a key (every byte escaped), a digest 66. The
+// bound is on the raw value, not its escaped form, so whether a value is
+// kept does not depend on how many of its bytes need escaping.
 const MaxValueLen = 128
 
 // hashedMarker starts a digest in place of a long value. Escaping always
 // writes '%' followed by two hex digits, so "%#" never comes out of
-// AppendEscaped and a digest cannot collide with an escaped value.
+// AppendEscaped for a kept value, and a digest cannot collide with one.
 const hashedMarker = "%#"
 
 const upperhex = "0123456789ABCDEF"
@@ -27,13 +29,12 @@ func needsEscape(c byte) bool {
 
 // AppendEscaped appends v to dst in the form used inside bucket keys: bytes
 // that could move a Redis hash tag, split a key or corrupt a log line are
-// percent-encoded ('%' and two upper-case hex digits), and a value whose
-// escaped form would be longer than MaxValueLen bytes is replaced by
-// "%#" + hex(SHA-256(v)) (66 bytes). Distinct values always give distinct
-// output: escaping is invertible, never writes "%#", and digests of
-// distinct values differ.
+// percent-encoded ('%' and two upper-case hex digits), and a value longer
+// than MaxValueLen bytes is replaced by "%#" + hex(SHA-256(v)) (66 bytes).
+// Distinct values always give distinct output: escaping is invertible,
+// never writes "%#", and digests of distinct values differ.
 func AppendEscaped(dst []byte, v string) []byte {
-	if escapedLen(v) > MaxValueLen {
+	if len(v) > MaxValueLen {
 		sum := sha256.Sum256([]byte(v))
 		dst = append(dst, hashedMarker...)
 		return hex.AppendEncode(dst, sum[:])
@@ -49,32 +50,48 @@ func AppendEscaped(dst []byte, v string) []byte {
 	return dst
 }
 
-// escapedLen returns the length of the escaped form of v, or len(v) when
-// that is already over MaxValueLen (escaping never shortens a value).
-func escapedLen(v string) int {
-	n := len(v)
-	if n > MaxValueLen {
-		return n
+// Anonymous is the tenant of requests whose tenant (or, without a tenant
+// template, whose key) resolves empty: one bucket per policy, shared by
+// all of them, named "_anonymous" wherever a tenant shows (its keys'
+// hash tag, placeholders, logs, the admin API). Requests reach it only
+// through TenantOf, never by sending its name.
+const Anonymous = "_anonymous"
+
+// TenantOf is the engine's tenant of a request whose tenant (or key)
+// resolved to v: Anonymous for an empty v, v itself for every other
+// value but one. A request sending the literal value "_anonymous" must not
+// share the anonymous bucket, so that value becomes the empty tenant,
+// which no request has otherwise; its hash tag is literalAnonymousTag, and
+// placeholders and logs show it empty. TenantOf is its own inverse:
+// TenantOf(tenant) is the value the request sent, as caddy-ratelimit
+// names a bucket. Everything that reads a tenant from a request calls it,
+// once; the admin API names tenants as the engine does, so
+// tenant=_anonymous is the anonymous bucket.
+func TenantOf(v string) string {
+	switch v {
+	case "":
+		return Anonymous
+	case Anonymous:
+		return ""
 	}
-	for i := 0; i < len(v); i++ {
-		if needsEscape(v[i]) {
-			n += 2
-		}
-	}
-	return n
+	return v
 }
 
-// anonymousTag is the hash tag of the empty tenant, the anonymous bucket.
-// An empty tag would make Redis Cluster hash each whole key, scattering
-// one request's keys over slots; AppendEscaped writes '%' only before two
-// hex digits or '#', so no tenant value produces this tag.
-const anonymousTag = "%"
+// literalAnonymousTag is the hash tag of the empty tenant, the requests
+// that sent the literal value "_anonymous" (see TenantOf): that value
+// with its '_' written %5F. AppendEscaped writes '%' only before the
+// upper-case hex of a byte it must escape (a control byte, '{', '}', ':'
+// or '%', never '_') or before the digest's '#', so no other tenant has
+// this tag. It is not empty: an empty tag would make Redis Cluster hash
+// each whole key, scattering one request's keys over slots.
+const literalAnonymousTag = "%5Fanonymous"
 
 // AppendTenantTag appends the hash-tag text of tenant to dst: its escaped
-// form, or anonymousTag for the empty tenant.
+// form (Anonymous is "_anonymous"), or literalAnonymousTag for the empty
+// tenant. Every key that carries a tenant writes it through here.
 func AppendTenantTag(dst []byte, tenant string) []byte {
 	if tenant == "" {
-		return append(dst, anonymousTag...)
+		return append(dst, literalAnonymousTag...)
 	}
 	return AppendEscaped(dst, tenant)
 }

@@ -104,7 +104,7 @@ func TestAppendEscaped(t *testing.T) {
 			t.Errorf("%.40q and %.40q both escape to %.60q", prev, v, out)
 		}
 		seen[string(out)] = v
-		if escapedLen(v) > MaxValueLen {
+		if len(v) > MaxValueLen {
 			sum := sha256.Sum256([]byte(v))
 			if want := hashedMarker + hex.EncodeToString(sum[:]); string(out) != want {
 				t.Errorf("long value -> %q, want %q", out, want)
@@ -133,23 +133,29 @@ func TestAppendEscaped(t *testing.T) {
 	if got := string(AppendEscaped([]byte("pre:"), "a:")); got != "pre:a%3A" {
 		t.Errorf("append: %q", got)
 	}
-	// The bound applies to the escaped form: 42 braces escape to 126
-	// bytes and are kept, 43 would be 129 and are digested; so are 128
-	// bytes of one escaped byte and one more.
-	for v, hashed := range map[string]bool{
-		strings.Repeat("{", 42):                  false,
-		strings.Repeat("{", 42) + "ab":           false,
-		strings.Repeat("{", 42) + "abc":          true,
-		strings.Repeat("{", 43):                  true,
-		strings.Repeat("x", MaxValueLen-2) + ":": true,
-		strings.Repeat("x", MaxValueLen-3) + ":": false,
-		strings.Repeat("\x00", 10):               false,
-		strings.Repeat("\x00", MaxValueLen):      true,
-		strings.Repeat("{", MaxValueLen):         true,
+	// The bound applies to the raw value: 128 bytes are kept, escaped
+	// (up to 3 x 128 bytes), whatever they escape to; 129 bytes are
+	// digested, even when nothing in them needs escaping.
+	digest := func(v string) string {
+		sum := sha256.Sum256([]byte(v))
+		return "%#" + hex.EncodeToString(sum[:])
+	}
+	for _, tc := range []struct{ v, want string }{
+		{strings.Repeat("x", 128), strings.Repeat("x", 128)},
+		{strings.Repeat("x", 129), digest(strings.Repeat("x", 129))},
+		{strings.Repeat("x", 127) + ":", strings.Repeat("x", 127) + "%3A"},
+		{strings.Repeat("x", 128) + ":", digest(strings.Repeat("x", 128) + ":")},
+		{strings.Repeat("{", 42) + "abc", strings.Repeat("%7B", 42) + "abc"},
+		{strings.Repeat("{", 43), strings.Repeat("%7B", 43)},
+		{strings.Repeat("{", 128), strings.Repeat("%7B", 128)},
+		{strings.Repeat("{", 129), digest(strings.Repeat("{", 129))},
+		{strings.Repeat("\x00", 128), strings.Repeat("%00", 128)},
+		{strings.Repeat("%", 127) + "_", strings.Repeat("%25", 127) + "_"},
+		{strings.Repeat(":", 129), digest(strings.Repeat(":", 129))},
+		{"%#" + strings.Repeat("a", 126), "%25#" + strings.Repeat("a", 126)},
 	} {
-		out := AppendEscaped(nil, v)
-		if got := bytes.HasPrefix(out, []byte(hashedMarker)); got != hashed || len(out) > MaxValueLen {
-			t.Errorf("%q (%d bytes, %d escaped) -> %d bytes %.20q: hashed %v, want %v", v, len(v), escapedLen(v), len(out), out, got, hashed)
+		if got := string(AppendEscaped(nil, tc.v)); got != tc.want {
+			t.Errorf("%.20q... (%d bytes) -> %.30q... (%d bytes), want %.30q... (%d bytes)", tc.v, len(tc.v), got, len(got), tc.want, len(tc.want))
 		}
 	}
 }
@@ -164,7 +170,9 @@ func TestAppendKey(t *testing.T) {
 		{SlidingWindow, "acme", "api", "GET /v1", "rl:sliding_window:{acme}:api:GET /v1"},
 		{GCRA, "a:b", "api", "x:y", "rl:gcra:{a%3Ab}:api:x%3Ay"},
 		{FixedWindow, "}{", "p", "", "rl:fixed_window:{%7D%7B}:p"},
-		{SlidingLog, "", "p", "", "rl:sliding_log:{%}:p"},
+		{SlidingLog, Anonymous, "p", "", "rl:sliding_log:{_anonymous}:p"},
+		{SlidingLog, "", "p", "", "rl:sliding_log:{%5Fanonymous}:p"},
+		{SlidingLog, "%5Fanonymous", "p", "", "rl:sliding_log:{%255Fanonymous}:p"},
 		{SlidingLog, "%", "p", "", "rl:sliding_log:{%25}:p"},
 		{Concurrency, "t", "p", "{x}", "rl:concurrency:{t}:p:%7Bx%7D"},
 	} {
@@ -172,10 +180,10 @@ func TestAppendKey(t *testing.T) {
 			t.Errorf("AppendKey = %q, want %q", got, tc.want)
 		}
 	}
-	// The anonymous tenant's keys share one Cluster slot, as every
-	// tenant's do (an empty hash tag would hash each whole key).
+	// The empty tenant's keys share one Cluster slot, as every tenant's
+	// do (an empty hash tag would hash each whole key).
 	if a, b := keySlot(AppendKey(nil, "rl", TokenBucket, "", "a", "")), keySlot(AppendKey(nil, "rl", GCRA, "", "b", "x")); a != b {
-		t.Errorf("anonymous keys in slots %d and %d", a, b)
+		t.Errorf("empty tenant's keys in slots %d and %d", a, b)
 	}
 	// No (tenant, part) pair can produce the key of another pair.
 	seen := map[string][2]string{}
@@ -194,6 +202,62 @@ func TestAppendKey(t *testing.T) {
 	if len(a) != len(b) || len(a) > 200 {
 		t.Errorf("long keys: %d and %d bytes", len(a), len(b))
 	}
+}
+
+// TestTenantOf: a request's empty tenant is the anonymous tenant, tagged
+// "_anonymous"; a request sending "_anonymous" is another tenant, tagged
+// "%5Fanonymous"; no two request values share a tag; TenantOf is its own
+// inverse.
+func TestTenantOf(t *testing.T) {
+	for _, tc := range []struct{ sent, tenant, tag string }{
+		{"", Anonymous, "_anonymous"},
+		{"_anonymous", "", "%5Fanonymous"},
+		{"%5Fanonymous", "%5Fanonymous", "%255Fanonymous"},
+		{"%5fanonymous", "%5fanonymous", "%255fanonymous"},
+		{"{_anonymous}", "{_anonymous}", "%7B_anonymous%7D"},
+		{"_Anonymous", "_Anonymous", "_Anonymous"},
+		{"acme", "acme", "acme"},
+	} {
+		if got := TenantOf(tc.sent); got != tc.tenant {
+			t.Errorf("TenantOf(%q) = %q, want %q", tc.sent, got, tc.tenant)
+		}
+		if got := string(AppendTenantTag(nil, TenantOf(tc.sent))); got != tc.tag {
+			t.Errorf("tag of a request sending %q = %q, want %q", tc.sent, got, tc.tag)
+		}
+	}
+	sent := append([]string{Anonymous, literalAnonymousTag, "%5F", "_anonymous "}, hostileValues...)
+	seen := map[string]string{}
+	for _, v := range sent {
+		tenant := TenantOf(v)
+		if back := TenantOf(tenant); back != v {
+			t.Errorf("TenantOf(TenantOf(%.40q)) = %.40q", v, back)
+		}
+		tag := string(AppendTenantTag(nil, tenant))
+		if tag == "" {
+			t.Errorf("request value %.40q: empty hash tag", v)
+		}
+		if prev, dup := seen[tag]; dup {
+			t.Errorf("request values %.40q and %.40q share the tag %.60q", prev, v, tag)
+		}
+		seen[tag] = v
+	}
+}
+
+// FuzzTenantTag: two different request values never share a hash tag.
+func FuzzTenantTag(f *testing.F) {
+	f.Add("", "_anonymous")
+	f.Add("_anonymous", "%5Fanonymous")
+	f.Add("", "%")
+	f.Add(strings.Repeat("{", 43), "%#")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		if a == b {
+			return
+		}
+		ta, tb := AppendTenantTag(nil, TenantOf(a)), AppendTenantTag(nil, TenantOf(b))
+		if bytes.Equal(ta, tb) {
+			t.Fatalf("request values %q and %q share the tag %q", a, b, ta)
+		}
+	})
 }
 
 func TestValidName(t *testing.T) {
@@ -222,10 +286,10 @@ func FuzzAppendEscaped(f *testing.F) {
 		if err := checkEscaped(out); err != nil {
 			t.Fatalf("%q -> %q: %v", v, out, err)
 		}
-		if len(out) > MaxValueLen {
-			t.Fatalf("%q -> %d bytes, more than MaxValueLen", v, len(out))
+		if len(out) > 3*MaxValueLen {
+			t.Fatalf("%q -> %d bytes, more than 3 x MaxValueLen", v, len(out))
 		}
-		if escapedLen(v) > MaxValueLen {
+		if len(v) > MaxValueLen {
 			sum := sha256.Sum256([]byte(v))
 			if string(out) != hashedMarker+hex.EncodeToString(sum[:]) {
 				t.Fatalf("long value -> %q", out)
@@ -239,6 +303,11 @@ func FuzzAppendEscaped(f *testing.F) {
 		}
 		if bytes.HasPrefix(out, []byte(hashedMarker)) {
 			t.Fatalf("short value %q looks like a digest: %q", v, out)
+		}
+		// '_' is never escaped, so no value's escaped form is the tag
+		// of the literal "_anonymous" (literalAnonymousTag).
+		if bytes.Contains(out, []byte("%5F")) {
+			t.Fatalf("%q -> %q contains %%5F", v, out)
 		}
 		if len(out) > 3*len(v) {
 			t.Fatalf("%q grew to %d bytes", v, len(out))

@@ -94,8 +94,9 @@ var errShortResults = errors.New("limiter: results is shorter than checks")
 // Memory is bounded: every shard has an equal share of MaxMemory, and every
 // bucket weighs its key's length, a fixed overhead and its sliding log's
 // buffer (16 bytes per admission in its window), so a flood of random or
-// hostile tenants (long keys are digested to at most 128 bytes per value,
-// see AppendEscaped) and a few heavy tenants (long logs) share the same
+// hostile tenants (a value adds at most 384 bytes to a key: 128 raw bytes,
+// each escaped; longer ones are digested, see AppendEscaped) and a few
+// heavy tenants (long logs) share the same
 // bound in bytes. When a shard is over its share it first deletes its
 // expired buckets (a sweep, at most once per half a share of inserted
 // bytes, so the cost is amortized), then the least recently used ones. A

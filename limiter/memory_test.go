@@ -830,8 +830,9 @@ func hostileTenant(rng *rand.Rand, buf []byte) string {
 }
 
 // TestMaxMemoryHostileFlood: a flood of random hostile tenants and parts
-// (128 bytes that escape to about 350, digested; and 40 bytes that escape
-// to about 110, kept) on token buckets, sliding windows and sliding logs
+// (129 bytes, digested; 128 bytes that escape to about 350, kept; and 40
+// bytes that escape to about 110, kept) on token buckets, sliding windows
+// and sliding logs
 // keeps the store's live heap within 1.5 x MaxMemory after a garbage
 // collection. (When keys were digested before escaping and the bound
 // counted buckets, such a flood held about 3 times the heap the bound
@@ -843,16 +844,19 @@ func TestMaxMemoryHostileFlood(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	m, _ := newTestStore(t, MemoryOptions{MaxMemory: budget})
 	rng := rand.New(rand.NewPCG(3, 4))
-	long, short := make([]byte, 128), make([]byte, 40)
+	digested, long, short := make([]byte, MaxValueLen+1), make([]byte, MaxValueLen), make([]byte, 40)
 	algos := []Algorithm{TokenBucket, SlidingWindow, SlidingLog}
 	checks := make([]Check, 1)
 	res := make([]Result, 1)
 	const n = 150_000
 	for i := range n {
 		c := Check{Algorithm: algos[i%3], Policy: "api", Rate: Rate{Limit: 100, Window: time.Hour}, Cost: 1}
-		if i%2 == 0 {
+		switch i % 4 {
+		case 0:
+			c.Tenant = hostileTenant(rng, digested)
+		case 1:
 			c.Tenant = hostileTenant(rng, long)
-		} else {
+		default:
 			c.Tenant = hostileTenant(rng, short)
 			c.Part = hostileTenant(rng, short)
 		}

@@ -81,7 +81,10 @@ func (h *Handler) build(r *http.Request, repl *caddy.Replacer) (*View, int, erro
 	ctx := r.Context()
 	now := time.Now()
 	v := &View{GeneratedAt: now.UTC().Format(time.RFC3339), Policies: []Policy{}, Denials: []Denial{}}
-	tenant := ""
+	// sent is the tenant the request resolved to, tenant the engine's
+	// (limiter.TenantOf: a literal "_anonymous" is not the anonymous
+	// tenant, which has no view of its own).
+	sent, tenant := "", ""
 	seen := map[string]bool{}
 	var streams []*gate.Gate
 	gates := gate.Gates()
@@ -95,10 +98,10 @@ func (h *Handler) build(r *http.Request, repl *caddy.Replacer) (*View, int, erro
 			continue
 		}
 		t := repl.ReplaceAll(tmpl, "")
-		if t == "" || (tenant != "" && t != tenant) {
+		if t == "" || (sent != "" && t != sent) {
 			continue
 		}
-		tenant = t
+		sent, tenant = t, limiter.TenantOf(t)
 		shown := false
 		for _, p := range g.Policies {
 			if !h.wanted(p.Name) || seen[p.Engine.Name] || (only != "" && only != p.Name) {
@@ -116,13 +119,13 @@ func (h *Handler) build(r *http.Request, repl *caddy.Replacer) (*View, int, erro
 			streams = append(streams, g)
 		}
 	}
-	if tenant == "" {
+	if sent == "" {
 		return nil, http.StatusUnauthorized, errNoTenant
 	}
 	if only != "" && len(v.Policies) == 0 {
 		return nil, http.StatusNotFound, fmt.Errorf("policy %q: no such policy applies to you", only)
 	}
-	v.Tenant = gate.Loggable(tenant)
+	v.Tenant = gate.Loggable(sent)
 	v.Denials, v.DenialsKept = denials(ctx, streams, tenant)
 	return v, http.StatusOK, nil
 }

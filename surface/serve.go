@@ -79,14 +79,15 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	defer putRequestState(st)
 
 	// An empty tenant (missing_tenant shared) or key is the anonymous
-	// bucket: the empty value itself, which no request value that is not
-	// empty can equal, in the engine or in a store key.
+	// tenant "_anonymous"; a request sending that value literally gets a
+	// bucket of its own (limiter.TenantOf, the one place that says so).
 	var tenant string
 	if h.Tenant != "" {
-		tenant = h.tenant.expand(repl, r)
-		if tenant == "" && h.MissingTenant == config.MissingTenantDeny {
+		v := h.tenant.expand(repl, r)
+		if v == "" && h.MissingTenant == config.MissingTenantDeny {
 			return h.denyMissingTenant(w, r, repl)
 		}
+		tenant = limiter.TenantOf(v)
 	}
 	tierTemplate := ""
 	tierResolved := false
@@ -102,7 +103,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		if h.Tenant != "" {
 			item.Part = p.resolveKey(repl, r)
 		} else {
-			item.Tenant = p.resolveKey(repl, r)
+			item.Tenant = limiter.TenantOf(p.resolveKey(repl, r))
 		}
 		if tier, ok := h.TenantTiers[item.Tenant]; ok {
 			item.Tier = tier
