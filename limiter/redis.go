@@ -106,8 +106,8 @@ func (o *RedisOptions) queueTimeout() time.Duration {
 //
 // Redis Cluster: a script may only touch keys of one hash slot, and the
 // {tenant} hash tag puts every key of a tenant in one slot. When the checks
-// of one Decide span several slots (policies whose tenant is their key, or
-// keys of the empty tenant, whose "{}" hash tag is empty) and Client is a
+// of one Decide span several slots (policies whose tenant is their key)
+// and Client is a
 // *redis.ClusterClient, the store decides slot by slot, in order of first
 // appearance, with compensation: each slot's checks are decided atomically
 // and charged if they admit; once a slot denies, the remaining slots are
