@@ -14,12 +14,13 @@ import (
 )
 
 // Signals out (notify): the events of a decision (a tenant past a
-// near_limit threshold, a denial, a penalty box), of the instance (its
-// fail mode) and of the admin API (an override), sent as webhooks by the
-// store's fleet.Notifier. Deciding whether a decision has an event costs
-// arithmetic and, for an event, one lookup in the notifier's in-process
-// table of events already sent this period: a tenant near its limit on
-// every request builds its event once per period and instance.
+// near_limit threshold, a denial), of the store (a penalty box made), of
+// the instance (its fail mode) and of the admin API (an override), sent
+// as webhooks by the store's fleet.Notifier. Deciding whether a decision
+// has an event costs arithmetic and, for an event, one lookup in the
+// notifier's in-process table of events already sent this period: a
+// tenant near its limit on every request builds its event once per period
+// and instance.
 
 // notifyRuntime is a policy's notify settings, resolved.
 type notifyRuntime struct {
@@ -66,11 +67,6 @@ func (h *Server) signal(st *requestState) {
 		}
 		it := &st.items[i]
 		switch {
-		case v.Path == limiter.PathPenalty:
-			if p.notify.cfg.Sends("penalty") {
-				end := now.Add(v.Result.RetryAfter).Round(time.Second)
-				h.notifyOnce(n, p, it, v, "penalty", 0, now, now, end)
-			}
 		case !v.Result.Allowed && v.Path == limiter.PathStore:
 			if p.notify.cfg.Sends("exceeded") {
 				start, end := period(v.Limit.Rate, now)
@@ -109,7 +105,57 @@ func (h *Server) notifyOnce(n *fleet.Notifier, p *policyRuntime, it *limiter.Ite
 	if v.Result.Reset > 0 {
 		ev.Reset = now.Add(v.Result.Reset).UTC().Format(time.RFC3339)
 	}
-	n.Send(h.destination(p, it), ev, key, end)
+	n.Send(h.destinationOf(p, it.Tenant), ev, key, end)
+}
+
+// WatchBoxes has the penalty boxes the store makes for the handler's
+// policies announced (penalty events), when some policy sends them. Call
+// it once the store is open; Close stops it.
+//
+// A box is announced when it starts, by the instance that made it (the
+// store tells each box once, fleet-wide: see limiter.BoxWatchers), not at
+// the first request it refuses: a tenant that stops when boxed is
+// announced too, and no request path pays for it.
+func (h *Server) WatchBoxes() {
+	for _, p := range h.policies {
+		if p.Engine.Penalty.On() && p.notify != nil && p.notify.cfg.Sends("penalty") {
+			if w, ok := h.gate.Store.Penalties().(limiter.BoxWatcher); ok {
+				h.stopBoxes = w.WatchBoxes(h.boxMade)
+			}
+			return
+		}
+	}
+}
+
+// boxMade sends the penalty event of box b, a box the store just made,
+// when it is of one of h's policies that sends penalty events; it reports
+// whether h took it (the handlers sharing the store, newest first, are
+// asked until one does). A shadow box refuses nothing: it is taken, and
+// not announced. The event's period is the box.
+func (h *Server) boxMade(b limiter.Box) bool {
+	n := h.gate.Store.Notifier()
+	if n == nil {
+		return false
+	}
+	for _, p := range h.policies {
+		if p.Engine.Name != b.Policy || p.notify == nil || !p.notify.cfg.Sends("penalty") {
+			continue
+		}
+		if b.Limit.Shadow {
+			return true
+		}
+		end := time.Unix(0, b.Until)
+		zero := int64(0)
+		ev := fleet.Event{
+			Type: "penalty", Tenant: b.Tenant, Policy: p.Name, Limit: b.Limit.Limit, Remaining: &zero,
+			Reset:       end.UTC().Format(time.RFC3339),
+			PeriodStart: end.Add(-p.Engine.Penalty.Duration).UTC().Format(time.RFC3339),
+			PeriodEnd:   end.UTC().Format(time.RFC3339),
+		}
+		n.Send(h.destinationOf(p, b.Tenant), ev, "", end)
+		return true
+	}
+	return false
 }
 
 // eventTenant is the tenant as events name it: bounded like in logs.
@@ -117,11 +163,11 @@ func (h *Server) eventTenant(it *limiter.Item) string {
 	return limiter.BoundedValue(it.Tenant)
 }
 
-// destination is where p's events of the item's tenant go: the tenant's
-// own URL, from a runtime override (notify_url), else the policy's.
-func (h *Server) destination(p *policyRuntime, it *limiter.Item) fleet.Destination {
+// destinationOf is where p's events of tenant go: the tenant's own URL,
+// from a runtime override (notify_url), else the policy's.
+func (h *Server) destinationOf(p *policyRuntime, tenant string) fleet.Destination {
 	dst := p.notify.dst
-	if u := h.gate.Store.Overrides().Table().NotifyURL(p.Engine, it.Tenant); u != "" {
+	if u := h.gate.Store.Overrides().Table().NotifyURL(p.Engine, tenant); u != "" {
 		dst.URL = u
 	}
 	return dst

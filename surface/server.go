@@ -51,6 +51,9 @@ type Server struct {
 	notifies bool
 	// protection is the protect block's limiter; nil without one.
 	protection *protection
+	// stopBoxes stops announcing penalty boxes (WatchBoxes); nil when
+	// not announcing.
+	stopBoxes func()
 }
 
 var _ gate.Signals = (*Server)(nil)
@@ -85,8 +88,12 @@ func New(ctx caddy.Context, cfg *config.Handler, g *gate.Gate) (*Server, error) 
 	return h, nil
 }
 
-// Close lets go of what the server holds (its tenant series).
+// Close lets go of what the server holds (its tenant series, its place
+// among the watchers of penalty boxes).
 func (h *Server) Close() {
+	if h.stopBoxes != nil {
+		h.stopBoxes()
+	}
 	h.closeProtect()
 	h.cleanupMetrics()
 }

@@ -1,0 +1,123 @@
+package tollgate
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// ofType returns the events of type typ received so far.
+func (rc *hookReceiver) ofType(typ string) []fleet.Event {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	var out []fleet.Event
+	for _, ev := range rc.events {
+		if ev.Type == typ {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// notifySite is a site whose rate_limit sends events (only those) to
+// hook, with store ("" or "redis <addr>"), the handler's tenant line and
+// policy.
+func notifySite(store, tenant, hook, events, policy string) string {
+	site := "\trate_limit {\n"
+	for _, line := range []string{store, tenant} {
+		if line != "" {
+			site += "\t\t" + line + "\n"
+		}
+	}
+	return site + `		notify {
+			url ` + hook + `
+			secret s
+			events ` + events + `
+			allow_private
+		}
+		` + policy + `
+	}
+	respond "ok"`
+}
+
+// TestNotifyPenaltyOncePerBox: a penalty box sends one penalty event, when
+// the box starts (the tenant need not come back to be refused by it), and
+// none for the requests the box refuses; a second box later sends a
+// second event. On the embedded store and on Redis, where no marker is
+// written for it (the instance that made the box is the only one that
+// sends).
+func TestNotifyPenaltyOncePerBox(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			rc := &hookReceiver{secret: "s"}
+			hook := "http://" + newHTTPServer(t, rc)
+			redis, tenant := "", "np-"+store
+			if store == "redis" {
+				redis = "redis " + srv.Addr
+			}
+			s := startCaddy(t, "", notifySite(redis, "tenant {http.request.header.X-Tenant}", hook, "penalty", `policy np_api {
+			limit 2
+			window 1h
+			penalty 1s after 2
+		}`), nil)
+			expect := func(want int, what string) {
+				t.Helper()
+				if r := s.get("/", "X-Tenant", tenant); r.status != want {
+					t.Fatalf("%s: status %d, want %d", what, r.status, want)
+				}
+			}
+			expect(http.StatusOK, "request 1")
+			expect(http.StatusOK, "request 2")
+			expect(http.StatusTooManyRequests, "denial 1")
+			boxedAt := time.Now()
+			expect(http.StatusTooManyRequests, "denial 2 (boxes)")
+			// Sent when the box starts: no request is refused by it yet.
+			waitFor(t, func() bool { return len(rc.ofType("penalty")) >= 1 })
+			for range 5 {
+				expect(http.StatusTooManyRequests, "refused by the box")
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(300 * time.Millisecond) // a second event would be here by now
+			if got := rc.ofType("penalty"); len(got) != 1 {
+				t.Fatalf("%d penalty events for one box, want 1: %+v", len(got), got)
+			}
+
+			// The box ends; the bucket is still empty (1h window): two more
+			// denials box the tenant again.
+			sleepUntil(boxedAt.Add(1200 * time.Millisecond))
+			expect(http.StatusTooManyRequests, "denial 1 after the box")
+			expect(http.StatusTooManyRequests, "denial 2 after the box (boxes again)")
+			waitFor(t, func() bool { return len(rc.ofType("penalty")) >= 2 })
+			for range 3 {
+				expect(http.StatusTooManyRequests, "refused by the second box")
+			}
+			time.Sleep(300 * time.Millisecond)
+			got := rc.ofType("penalty")
+			if len(got) != 2 {
+				t.Fatalf("%d penalty events for two boxes, want 2: %+v", len(got), got)
+			}
+			for i, ev := range got {
+				start, err1 := time.Parse(time.RFC3339, ev.PeriodStart)
+				end, err2 := time.Parse(time.RFC3339, ev.PeriodEnd)
+				if ev.Tenant != tenant || ev.Policy != "np_api" || ev.Limit != 2 || err1 != nil || err2 != nil || !end.After(start) || ev.Reset != ev.PeriodEnd {
+					t.Errorf("penalty event %d: %+v", i+1, ev)
+				}
+			}
+			if got[0].PeriodEnd > got[1].PeriodStart {
+				t.Errorf("the second box (from %s) starts before the first ends (%s)", got[1].PeriodStart, got[0].PeriodEnd)
+			}
+			if rc.bad != 0 {
+				t.Errorf("%d deliveries with a bad signature", rc.bad)
+			}
+			if store == "redis" {
+				if keys := srv.CLI(t, "KEYS", "rl:notified:*"); keys != "" {
+					t.Errorf("penalty events wrote markers: %q", keys)
+				}
+			}
+		})
+	}
+}
