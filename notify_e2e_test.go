@@ -2,6 +2,7 @@ package tollgate
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,6 +117,54 @@ func TestNotifyPenaltyOncePerBox(t *testing.T) {
 			if store == "redis" {
 				if keys := srv.CLI(t, "KEYS", "rl:notified:*"); keys != "" {
 					t.Errorf("penalty events wrote markers: %q", keys)
+				}
+			}
+		})
+	}
+}
+
+// TestNotifyOncePerTenant: a policy partitioned by key inside the tenant
+// sends near_limit and exceeded once per tenant, policy, threshold and
+// period, however many of the tenant's keys cross them; another tenant
+// gets its own. On the embedded store and on Redis (one marker per
+// event).
+func TestNotifyOncePerTenant(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			rc := &hookReceiver{secret: "s"}
+			hook := "http://" + newHTTPServer(t, rc)
+			redis := ""
+			if store == "redis" {
+				redis = "redis " + srv.Addr
+			}
+			s := startCaddy(t, "", notifySite(redis, "tenant {http.request.header.X-Tenant}", hook, "near_limit 0.5 exceeded", `policy nt_api {
+			key {http.request.header.X-Key}
+			limit 2
+			window 1h
+		}`), nil)
+			// The events fire once per hour window: stay inside one.
+			if now := time.Now(); now.Minute() == 59 && now.Second() > 50 {
+				sleepUntil(now.Truncate(time.Hour).Add(time.Hour + time.Second))
+			}
+			one, two := "nt-one-"+store, "nt-two-"+store
+			for _, c := range []struct{ tenant, key string }{{one, "a"}, {one, "b"}, {one, "c"}, {two, "a"}} {
+				for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+					if r := s.get("/", "X-Tenant", c.tenant, "X-Key", c.key); r.status != want {
+						t.Fatalf("%s/%s request %d: %d, want %d", c.tenant, c.key, i+1, r.status, want)
+					}
+				}
+			}
+			want := []string{"exceeded " + one, "exceeded " + two, "near_limit " + one + " 0.5", "near_limit " + two + " 0.5"}
+			waitFor(t, func() bool { return len(rc.names()) >= len(want) })
+			time.Sleep(300 * time.Millisecond) // anything sent twice would be here by now
+			if got := rc.names(); strings.Join(got, "|") != strings.Join(want, "|") {
+				t.Errorf("events\n got %q\nwant %q", got, want)
+			}
+			if store == "redis" {
+				keys := strings.Fields(srv.CLI(t, "KEYS", "rl:notified:*"))
+				if len(keys) != len(want) {
+					t.Errorf("markers %q, want one per event", keys)
 				}
 			}
 		})

@@ -175,17 +175,15 @@ func (h *Server) destinationOf(p *policyRuntime, tenant string) fleet.Destinatio
 
 // onceKey names an event in its period, for the notifier's table and
 // the fleet's marker: the tenant's hash tag (escaped, bounded), policy,
-// event, threshold and period start.
+// event, threshold and period start. Not the partition key: an event is
+// the tenant's, so a policy with a key inside the tenant sends it once
+// however many of the tenant's keys cross it.
 func onceKey(it *limiter.Item, event string, threshold float64, start time.Time) string {
 	b := make([]byte, 0, 96)
 	b = append(b, '{')
 	b = limiter.AppendTenantTag(b, it.Tenant)
 	b = append(b, "}:"...)
 	b = append(b, it.Policy.Name...)
-	if it.Part != "" {
-		b = append(b, ':')
-		b = limiter.AppendEscaped(b, it.Part)
-	}
 	b = append(b, ':')
 	b = append(b, event...)
 	if threshold > 0 {
