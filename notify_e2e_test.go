@@ -170,3 +170,83 @@ func TestNotifyOncePerTenant(t *testing.T) {
 		})
 	}
 }
+
+// TestNearLimitBoundary: near_limit 0.8 of a limit of 10 means less than
+// 2 units left, for the near_limit metric and the near_limit webhook
+// alike: 3 left is not near, 2 left (exactly 20%) is not, 1 left is. It is
+// measured against the limit, not a token bucket's burst: with burst 20,
+// near is still less than 2 left (not less than 4).
+func TestNearLimitBoundary(t *testing.T) {
+	rc := &hookReceiver{secret: "s"}
+	hook := "http://" + newHTTPServer(t, rc)
+	s := startCaddy(t, "", metricsSite(`
+			tenant {http.request.header.X-Tenant}
+			notify {
+				url `+hook+`
+				secret s
+				events near_limit
+				allow_private
+			}
+			policy nb_fixed {
+				match {
+					path /fixed
+				}
+				limit 10
+				window 1h
+			}
+			policy nb_bucket {
+				match {
+					path /bucket
+				}
+				algorithm token_bucket
+				limit 10
+				burst 20
+				window 1h
+			}`), nil)
+	// The events fire once per hour window: stay inside one.
+	if now := time.Now(); now.Minute() == 59 && now.Second() > 50 {
+		sleepUntil(now.Truncate(time.Hour).Add(time.Hour + time.Second))
+	}
+	for _, tc := range []struct {
+		policy, path string
+		capacity     int
+	}{{"nb_fixed", "/fixed", 10}, {"nb_bucket", "/bucket", 20}} {
+		tenant := "nb-" + tc.policy
+		before := scrapeMetrics(t, s.base+"/metrics")
+		near := func() float64 {
+			return scrapeMetrics(t, s.base+"/metrics").delta(before, "caddy_rate_limit_near_limit_total", "policy", tc.policy)
+		}
+		if c := s.statuses(tc.capacity-3, tc.path, "X-Tenant", tenant); c[http.StatusOK] != tc.capacity-3 {
+			t.Fatalf("%s: %v", tc.policy, c)
+		}
+		// 3 left now; then one request at a time: 2, 1, 0 left.
+		for i, step := range []struct {
+			left int
+			near float64
+		}{{3, 0}, {2, 0}, {1, 1}, {0, 2}} {
+			if i > 0 {
+				if r := s.get(tc.path, "X-Tenant", tenant); r.status != http.StatusOK {
+					t.Fatalf("%s: status %d", tc.policy, r.status)
+				}
+			}
+			if got := near(); got != step.near {
+				t.Errorf("%s: %d left: near_limit_total grew by %v, want %v", tc.policy, step.left, got, step.near)
+			}
+		}
+	}
+	waitFor(t, func() bool { return len(rc.ofType("near_limit")) >= 2 })
+	time.Sleep(300 * time.Millisecond)
+	got := map[string]fleet.Event{}
+	for _, ev := range rc.ofType("near_limit") {
+		if _, dup := got[ev.Policy]; dup {
+			t.Errorf("near_limit sent twice for %s", ev.Policy)
+		}
+		got[ev.Policy] = ev
+	}
+	for policy, used := range map[string]int64{"nb_fixed": 9, "nb_bucket": 19} {
+		ev := got[policy]
+		if ev.Threshold != 0.8 || ev.Remaining == nil || *ev.Remaining != 1 || ev.Used != used || ev.Limit != 10 {
+			t.Errorf("%s: near_limit event %+v, want it at 1 left (used %d)", policy, ev, used)
+		}
+	}
+}

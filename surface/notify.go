@@ -72,14 +72,10 @@ func (h *Server) signal(st *requestState) {
 				start, end := period(v.Limit.Rate, now)
 				h.notifyOnce(n, p, it, v, "exceeded", 0, now, start, end)
 			}
-		case d.Admitted && v.Result.Allowed && v.Path == limiter.PathStore && p.notify.cfg.Sends("near_limit"):
-			capacity := v.Limit.Capacity()
-			if capacity <= 0 || v.Result.Remaining < 0 {
-				continue
-			}
-			used := float64(capacity - v.Result.Remaining)
+		case d.Admitted && p.notify.cfg.Sends("near_limit"):
+			// Thresholds ascending: past the first not crossed, none is.
 			for _, t := range p.notify.near {
-				if used < t*float64(capacity) {
+				if !nearLimit(v, it, t) {
 					break
 				}
 				start, end := period(v.Limit.Rate, now)
