@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
+
+	"github.com/tollgate/caddy-tollgate/metrics"
 )
 
 // alertRules is the Prometheus rule file format, as far as alerts use it.
@@ -57,6 +59,25 @@ var requiredAlerts = map[string]string{
 	"TollgateRedisErrors":        "caddy_rate_limit_redis_calls_total",
 	"TollgateMeteredCostMissing": "caddy_rate_limit_cost_missing_total",
 }
+
+// refusedWith429 classifies every value of the decision label: whether
+// the policy answered the request 429 (what TollgateDenialShareHigh
+// counts). A new decision must be classified here.
+var refusedWith429 = map[string]bool{
+	"allowed":          false,
+	"denied":           true,
+	"shadow_denied":    false, // admitted: shadow mode refuses nothing
+	"failed_open":      false,
+	"failed_closed":    true,
+	"fallback_allowed": false,
+	"fallback_denied":  true,
+	"delayed":          false, // admitted after its turn
+	"penalty":          true,  // refused by the penalty box
+	"shed":             false, // protect's 503, under policy "protect"
+}
+
+// decisionMatcher finds the decision=~"..." matcher of an expression.
+var decisionMatcher = regexp.MustCompile(`decision=~"([^"]*)"`)
 
 // TestAlertRules: dashboards/alerts.yml is a valid Prometheus rule file
 // whose every alert has a severity, a summary and a description someone on
@@ -113,6 +134,9 @@ func TestAlertRules(t *testing.T) {
 				t.Errorf("%s: description too short for someone on call: %q", where, d)
 			}
 			checkPromQLShape(t, where, r.Expr)
+			if r.Alert == "TollgateDenialShareHigh" {
+				checkDenialShare(t, where, r.Expr)
+			}
 			labels := checkExprMetrics(t, where, r.Expr)
 			if m := requiredAlerts[r.Alert]; m != "" && !strings.Contains(r.Expr, m) {
 				t.Errorf("%s: does not use %s", where, m)
@@ -141,6 +165,32 @@ func TestAlertRules(t *testing.T) {
 	for _, args := range [][]string{{"check", "rules", "dashboards/alerts.yml"}, {"test", "rules", "dashboards/alerts_test.yml"}} {
 		if out, err := exec.Command(promtool, args...).CombinedOutput(); err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// checkDenialShare checks that the denial share's numerator selects
+// exactly the decisions answered 429, every one of them.
+func checkDenialShare(t *testing.T, where, expr string) {
+	t.Helper()
+	m := decisionMatcher.FindStringSubmatch(expr)
+	if m == nil {
+		t.Errorf("%s: no decision=~ matcher", where)
+		return
+	}
+	re, err := regexp.Compile("^(?:" + m[1] + ")$")
+	if err != nil {
+		t.Errorf("%s: decision=~%q: %v", where, m[1], err)
+		return
+	}
+	for _, d := range metrics.DecisionNames() {
+		refused, ok := refusedWith429[d]
+		if !ok {
+			t.Errorf("decision %q: classify it in refusedWith429", d)
+			continue
+		}
+		if re.MatchString(d) != refused {
+			t.Errorf("%s: decision %q counted: %v, want %v (answered 429 or not)", where, d, re.MatchString(d), refused)
 		}
 	}
 }

@@ -95,6 +95,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.gate.Signals = h.server
+	h.server.WatchBoxes()
 	h.gate.Protection = h.server.Protection()
 	gate.Register(ctx, h.gate, h.logger)
 	return nil

@@ -53,7 +53,7 @@ func TestNearLimitEndToEnd(t *testing.T) {
 	send("/", "nl-acme", 12)                 // 10 admitted: the 9th and 10th leave 1 and 0
 	send("/", "nl-beta", 8)                  // 2 left: not less than 20%
 	send("/", "nl-pro", 82, "X-Plan", "pro") // 19 then 18 left of 100: near twice
-	send("/half", "nl-half", 3)              // burst 4: 3 then 2 then 1 left; near below 2
+	send("/half", "nl-half", 4)              // burst 4: 3, 2, 1, 0 left; near below 1 (half the limit, not the burst)
 	send("/shadow", "nl-shadow", 5)          // shadow: 3 charged, 2 left after the 1st
 	m := scrapeMetrics(t, s.base+"/metrics")
 	for _, w := range []struct {

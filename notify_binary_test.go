@@ -135,8 +135,9 @@ func TestBinaryNotifyFleet(t *testing.T) {
 	main.mu.Lock()
 	defer main.mu.Unlock()
 	for _, ev := range main.events {
+		// 0.9 of 10: less than 1 left, that is none.
 		if ev.Type == "near_limit" && ev.Tenant == "nf_one" && ev.Threshold == 0.9 {
-			if ev.Limit != 10 || ev.Used != 9 || ev.Remaining == nil || *ev.Remaining != 1 || ev.Instance == "" || ev.ID == "" ||
+			if ev.Limit != 10 || ev.Used != 10 || ev.Remaining == nil || *ev.Remaining != 0 || ev.Instance == "" || ev.ID == "" ||
 				ev.PeriodStart != time.Now().UTC().Truncate(time.Hour).Format(time.RFC3339) {
 				t.Errorf("near_limit 0.9 payload %+v", ev)
 			}

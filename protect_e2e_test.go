@@ -1,7 +1,10 @@
 package tollgate
 
 import (
+	"fmt"
+	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -288,4 +291,111 @@ func (u *countingUpstream) arrivals(tenant string) int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.arrived[tenant]
+}
+
+// TestProtectWithoutPolicy: a rate_limit with protect and no policy (or
+// none that matches the request) queues requests by tenant and tier as
+// one with policies does: a tenant_tier's weight shows in the admin API;
+// without tenant, each client IP is its own tenant (two loopback
+// addresses, two queues). Such a config is not warned about as limiting
+// nothing, nor its tenant_tier as naming an unknown tier.
+func TestProtectWithoutPolicy(t *testing.T) {
+	queues := func(s *caddyServer) map[string]float64 {
+		out := map[string]float64{}
+		h := s.adminOK("GET", "/rate_limit/protect", "")["handlers"].([]any)[0].(map[string]any)
+		for _, q := range h["queues"].([]any) {
+			q := q.(map[string]any)
+			out[q["tenant"].(string)] = q["weight"].(float64)
+		}
+		return out
+	}
+	site := func(tenant, upstream string) string {
+		if tenant != "" {
+			tenant = "\n\t\t\t" + tenant
+		}
+		return `
+	handle {
+		rate_limit {` + tenant + `
+			tenant_tier acme gold
+			tenant_tier 127.0.0.2 gold
+			protect {
+				min 1
+				max 1
+				initial 1
+				queue_limit 10
+				max_wait 10s
+				target_wait 10s
+				weight gold 4
+			}
+		}
+		reverse_proxy ` + upstream + `
+	}`
+	}
+	t.Run("tier", func(t *testing.T) {
+		release := make(chan struct{})
+		up := newCountingUpstream(t, func() { <-release })
+		logFile := filepath.Join(t.TempDir(), "caddy.log")
+		globals := "\tlog {\n\t\toutput file " + logFile + "\n\t\tformat json\n\t}"
+		s := startCaddyWith(t, fmt.Sprintf("127.0.0.1:%d", freePort(t)), globals, site("tenant {http.request.header.X-Tenant}", up.addr), nil)
+		results := make(chan int, 4)
+		send := func(tenant string) { go func() { results <- s.get("/", "X-Tenant", tenant).status }() }
+		send("pw_first")
+		waitFor(t, func() bool { return up.inFlight() == 1 })
+		send("acme")
+		send("acme")
+		send("pw_other")
+		waitFor(t, func() bool { return len(queues(s)) == 2 })
+		if got := queues(s); got["acme"] != 4 || got["pw_other"] != 1 {
+			t.Errorf("queues %v, want acme (tier gold) weighing 4 and pw_other 1", got)
+		}
+		close(release)
+		for range 4 {
+			if st := <-results; st != http.StatusOK {
+				t.Fatalf("status %d", st)
+			}
+		}
+		for _, warning := range []string{"rate_limit defines no zone or policy", "tenant_tier names a tier that no policy defines"} {
+			if n := countLogLines(t, logFile, warning); n != 0 {
+				t.Errorf("%d warnings %q for a protect-only config", n, warning)
+			}
+		}
+	})
+	t.Run("client IP", func(t *testing.T) {
+		release := make(chan struct{})
+		up := newCountingUpstream(t, func() { <-release })
+		s := startCaddyAdmin(t, "", site("", up.addr), nil)
+		from := func(ip string) *http.Client {
+			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+			return &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+		}
+		results := make(chan int, 5)
+		send := func(ip string) {
+			go func() {
+				res, err := from(ip).Get(s.base + "/")
+				if err != nil {
+					t.Error(err)
+					results <- 0
+					return
+				}
+				res.Body.Close()
+				results <- res.StatusCode
+			}()
+		}
+		send("127.0.0.1")
+		waitFor(t, func() bool { return up.inFlight() == 1 })
+		send("127.0.0.1")
+		send("127.0.0.1")
+		send("127.0.0.2")
+		send("127.0.0.2")
+		waitFor(t, func() bool { return len(queues(s)) == 2 })
+		if got := queues(s); got["127.0.0.1"] != 1 || got["127.0.0.2"] != 4 {
+			t.Errorf("queues %v, want 127.0.0.1 weighing 1 and 127.0.0.2 (tenant_tier gold) 4", got)
+		}
+		close(release)
+		for range 5 {
+			if st := <-results; st != http.StatusOK {
+				t.Fatalf("status %d", st)
+			}
+		}
+	})
 }

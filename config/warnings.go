@@ -9,7 +9,7 @@ import (
 // the operator meant, once per provisioning; policies are what Validate
 // returned. None of it is an error: the config runs as written.
 func (h *Handler) Warn(logger *zap.Logger, policies []*limiter.Policy) {
-	if len(h.RateLimits) == 0 {
+	if len(h.RateLimits) == 0 && h.Protect == nil {
 		logger.Warn("rate_limit defines no zone or policy: it limits nothing")
 	}
 	if h.Jitter > 1 {
@@ -18,7 +18,11 @@ func (h *Handler) Warn(logger *zap.Logger, policies []*limiter.Policy) {
 	}
 	for _, tenant := range sortedKeys(h.TenantTiers) {
 		tier := h.TenantTiers[tenant]
+		// A protect weight gives the tier a meaning too.
 		defined := false
+		if h.Protect != nil {
+			_, defined = h.Protect.Weights[tier]
+		}
 		for _, p := range policies {
 			if _, ok := p.Tiers[tier]; ok {
 				defined = true

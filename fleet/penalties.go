@@ -31,7 +31,9 @@ import (
 //     instance puts it in its table at once. An instance that missed the
 //     message learns of the box from its next call for that bucket (the
 //     script answers with the marker's end), and reloads the index
-//     whenever its pub/sub connection (re)subscribes.
+//     whenever its pub/sub connection (re)subscribes. That instance
+//     alone tells its box watchers (WatchBoxes: the penalty webhook), so
+//     a box is announced once for the fleet.
 //
 // Keys, in the tenant's hash slot (next to its buckets):
 // <prefix>:denied:{<tenant>}:<policy>[:<part>] (the count, TTL one
@@ -53,6 +55,9 @@ type PenaltySync struct {
 	penaltySyncOptions
 	table *limiter.PenaltyTable
 	local limiter.LocalPenalties // the lookup on table
+	// boxes hear of the boxes this instance's calls make: each box of
+	// the fleet once (see WatchBoxes).
+	boxes limiter.BoxWatchers
 
 	mu      sync.Mutex
 	pending map[limiter.PenaltyKey]pendingDenials
@@ -61,13 +66,16 @@ type PenaltySync struct {
 	done    chan struct{}
 }
 
-var _ limiter.Penalties = (*PenaltySync)(nil)
+var (
+	_ limiter.Penalties  = (*PenaltySync)(nil)
+	_ limiter.BoxWatcher = (*PenaltySync)(nil)
+)
 
 // pendingDenials are a bucket's denials not sent to Redis yet.
 type pendingDenials struct {
 	n       int64
 	penalty limiter.Penalty
-	window  time.Duration
+	limit   limiter.Limit // of the last denial
 }
 
 // maxPendingPenalties bounds the buckets whose denials wait to be sent:
@@ -161,7 +169,7 @@ func (p *PenaltySync) Boxed(k limiter.PenaltyKey) (time.Duration, bool) {
 }
 
 // Denied implements limiter.Penalties: queued, sent by the writer.
-func (p *PenaltySync) Denied(k limiter.PenaltyKey, pen limiter.Penalty, window time.Duration) {
+func (p *PenaltySync) Denied(k limiter.PenaltyKey, pen limiter.Penalty, l limiter.Limit) {
 	p.mu.Lock()
 	e, had := p.pending[k]
 	if !had {
@@ -172,13 +180,21 @@ func (p *PenaltySync) Denied(k limiter.PenaltyKey, pen limiter.Penalty, window t
 		k = limiter.PenaltyKey{Policy: strings.Clone(k.Policy), Tenant: strings.Clone(k.Tenant), Part: strings.Clone(k.Part)}
 	}
 	e.n++
-	e.penalty, e.window = pen, window
+	e.penalty, e.limit = pen, l
 	p.pending[k] = e
 	p.mu.Unlock()
 	select {
 	case p.wake <- struct{}{}:
 	default:
 	}
+}
+
+// WatchBoxes implements limiter.BoxWatcher: f hears of the boxes this
+// instance makes, that is of the boxes whose script call answered "boxed
+// by this call", which Redis answers to one call per box: each box of the
+// fleet is told on one instance, once, without another Redis call.
+func (p *PenaltySync) WatchBoxes(f func(limiter.Box) bool) (stop func()) {
+	return p.boxes.WatchBoxes(f)
 }
 
 // Table is this instance's table of boxes.
@@ -253,6 +269,7 @@ func (p *PenaltySync) flush() {
 		p.table.Box(k, until*int64(time.Millisecond), now.UnixNano())
 		if vals[0] == 1 {
 			boxed = append(boxed, penaltyWire{Policy: k.Policy, Tenant: k.Tenant, Part: k.Part, Until: until})
+			p.boxes.Made(limiter.Box{PenaltyEntry: limiter.PenaltyEntry{PenaltyKey: k, Until: until * int64(time.Millisecond)}, Limit: batch[k].limit})
 		}
 	}
 	for _, w := range boxed {
@@ -275,7 +292,7 @@ func (p *PenaltySync) count(ctx context.Context, keys []limiter.PenaltyKey, batc
 		for i, k := range keys {
 			e := batch[k]
 			cmds[i] = penaltyScript.EvalSha(ctx, pipe, []string{p.countKey(k), p.markerKey(k)},
-				e.n, e.penalty.After, max(e.window.Milliseconds(), 1), e.penalty.Duration.Milliseconds())
+				e.n, e.penalty.After, max(e.limit.Window.Milliseconds(), 1), e.penalty.Duration.Milliseconds())
 		}
 		return nil
 	})

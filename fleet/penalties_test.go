@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,10 +47,22 @@ func testPenaltySyncFleet(t *testing.T, addrs []string) {
 		return b
 	}
 	a, b := open(), open()
+	// Each box is told once for the fleet: by the backend that made it.
+	var toldMu sync.Mutex
+	var told []string
+	for name, be := range map[string]*Backend{"a": a, "b": b} {
+		stop := be.Penalties().WatchBoxes(func(box limiter.Box) bool {
+			toldMu.Lock()
+			defer toldMu.Unlock()
+			told = append(told, name+" "+box.Tenant)
+			return true
+		})
+		defer stop()
+	}
 	k := limiter.PenaltyKey{Policy: "api", Tenant: "mallory", Part: "1.2.3.4"}
 	pen := limiter.Penalty{Duration: 3 * time.Second, After: 3}
-	a.Penalties().Denied(k, pen, time.Minute)
-	b.Penalties().Denied(k, pen, time.Minute)
+	a.Penalties().Denied(k, pen, limiter.Limit{Rate: limiter.Rate{Window: time.Minute}})
+	b.Penalties().Denied(k, pen, limiter.Limit{Rate: limiter.Rate{Window: time.Minute}})
 	time.Sleep(100 * time.Millisecond)
 	for _, be := range []*Backend{a, b} {
 		if _, ok := be.Penalties().Boxed(k); ok {
@@ -56,7 +70,7 @@ func testPenaltySyncFleet(t *testing.T, addrs []string) {
 		}
 	}
 	start := time.Now()
-	a.Penalties().Denied(k, pen, time.Minute)
+	a.Penalties().Denied(k, pen, limiter.Limit{Rate: limiter.Rate{Window: time.Minute}})
 	waitFor(t, func() bool { _, ok := b.Penalties().Boxed(k); return ok })
 	for _, be := range []*Backend{a, b} {
 		left, ok := be.Penalties().Boxed(k)
@@ -64,6 +78,12 @@ func testPenaltySyncFleet(t *testing.T, addrs []string) {
 			t.Fatalf("boxed %v, %v left", ok, left)
 		}
 	}
+	time.Sleep(100 * time.Millisecond) // anything told twice would be by now
+	toldMu.Lock()
+	if got := strings.Join(told, "|"); got != "a mallory" {
+		t.Errorf("boxes told: %q, want the maker a's, once", got)
+	}
+	toldMu.Unlock()
 	// The marker's TTL is the box's.
 	c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs, IsClusterMode: len(addrs) > 1})
 	defer c.Close()

@@ -8,6 +8,9 @@
 package gate
 
 import (
+	"math"
+	"math/bits"
+
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/limiter"
 	"github.com/tollgate/caddy-tollgate/protect"
@@ -52,6 +55,31 @@ type Policy struct {
 	AllOrNothing bool
 	// Near is the policy's near_limit fraction.
 	Near float64
+}
+
+// NearLimit is the near-limit rule, the one the near_limit metric, the
+// near_limit webhook and the usage page all follow: a bucket with
+// remaining units left of limit is near its limit at fraction when less
+// than (1 - fraction) of the limit is left. It is measured against the
+// limit, not a token bucket's or GCRA's burst: with limit 10 and burst
+// 20, near_limit 0.8 means fewer than 2 units left, as without a burst.
+// Exactly (1 - fraction) of the limit left is not near. A bucket in debt
+// (negative remaining) is near at any fraction; fraction 1 means only
+// that. fraction is taken to 9 decimal places, and the comparison is
+// made in integers: 0.7 of 10 is 7, not 7.000000000000001.
+func NearLimit(remaining, limit int64, fraction float64) bool {
+	if limit <= 0 || remaining >= limit {
+		return false
+	}
+	// remaining < (1 - f) * limit  <=>  used * 1e9 > f * 1e9 * limit,
+	// both products in 128 bits. used = limit - remaining, in [1, 2^64)
+	// whatever the int64s: exact in modular uint64 arithmetic.
+	const scale = 1_000_000_000
+	used := uint64(limit) - uint64(remaining)
+	f := uint64(math.Round(min(max(fraction, 0), 1) * scale))
+	uh, ul := bits.Mul64(used, scale)
+	th, tl := bits.Mul64(f, uint64(limit))
+	return uh > th || (uh == th && ul > tl)
 }
 
 // NewPolicies pairs the validated engine policies of c (in the order of

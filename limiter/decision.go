@@ -152,7 +152,7 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 		if !d.results[j].Allowed && d.Penalties != nil {
 			if pen := items[i].Policy.Penalty; pen.On() {
 				it := &items[i]
-				d.Penalties.Denied(NewPenaltyKey(it.Policy.Name, it.Tenant, it.Part), pen, d.checks[j].Rate.Window)
+				d.Penalties.Denied(NewPenaltyKey(it.Policy.Name, it.Tenant, it.Part), pen, d.Verdicts[i].Limit)
 			}
 		}
 	}

@@ -96,9 +96,67 @@ type Penalties interface {
 	// still.
 	Boxed(k PenaltyKey) (left time.Duration, ok bool)
 	// Denied notes that the store denied the bucket k of a policy with
-	// penalty p, whose limit's window is window. k's strings belong to the
-	// request: copy them to keep them.
-	Denied(k PenaltyKey, p Penalty, window time.Duration)
+	// penalty p, under limit l (denials are counted within its window).
+	// k's strings belong to the request: copy them to keep them.
+	Denied(k PenaltyKey, p Penalty, l Limit)
+}
+
+// Box is a penalty box as the Penalties that made it tells of it.
+type Box struct {
+	PenaltyEntry
+	// Limit is the bucket's limit at the denial that boxed it: its Shadow
+	// says the box refuses nothing.
+	Limit Limit
+}
+
+// BoxWatcher is a Penalties that tells of the boxes it makes, so a
+// handler can announce a box when it starts (its penalty webhook), not at
+// a later request the box refuses, which may never come.
+type BoxWatcher interface {
+	// WatchBoxes adds f to the functions told of each box made, and
+	// returns the function that removes it.
+	WatchBoxes(f func(Box) bool) (stop func())
+}
+
+// BoxWatchers are the functions told of the boxes a Penalties makes: each
+// box once, by the Penalties that made it (never by those that learn of
+// it from others), so one box is one call fleet-wide. The newest function
+// is told first, and the first that takes the box (returns true) is the
+// last told: the handler that replaced another in a config reload, or
+// the one of several sharing a store that has the box's policy. The zero
+// value is ready; safe for concurrent use.
+type BoxWatchers struct {
+	mu   sync.Mutex
+	list []*func(Box) bool
+}
+
+var _ BoxWatcher = (*BoxWatchers)(nil)
+
+// WatchBoxes implements BoxWatcher. f runs on the goroutine that made the
+// box (a request's or a writer's), under a lock: it must not block.
+func (w *BoxWatchers) WatchBoxes(f func(Box) bool) (stop func()) {
+	p := &f
+	w.mu.Lock()
+	w.list = append(w.list, p)
+	w.mu.Unlock()
+	return func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if i := slices.Index(w.list, p); i >= 0 {
+			w.list = slices.Delete(w.list, i, i+1)
+		}
+	}
+}
+
+// Made tells the watchers of b, a box just made.
+func (w *BoxWatchers) Made(b Box) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := len(w.list) - 1; i >= 0; i-- {
+		if (*w.list[i])(b) {
+			return
+		}
+	}
 }
 
 // DefaultPenaltyTableSize bounds a PenaltyTable: boxes and counts each.
@@ -187,7 +245,8 @@ func (t *PenaltyTable) evictBox(now int64) {
 
 // Count counts one more denial of k, within window, at now (Unix ns), and
 // boxes k for p.Duration when it is the p.After-th within its window. It
-// returns the end of the box when it boxed k.
+// returns the end of the box when it boxed k, and whether that made a
+// new box (k was not boxed already).
 func (t *PenaltyTable) Count(k PenaltyKey, p Penalty, window time.Duration, now int64) (until int64, boxed bool) {
 	t.mu.Lock()
 	c, had := t.counts[k]
@@ -209,8 +268,7 @@ func (t *PenaltyTable) Count(k PenaltyKey, p Penalty, window time.Duration, now 
 	delete(t.counts, k)
 	t.mu.Unlock()
 	until = now + int64(p.Duration)
-	t.Box(k, until, now)
-	return until, true
+	return until, t.Box(k, until, now)
 }
 
 // evictCount makes room for one count: it drops the counts whose window
@@ -292,14 +350,18 @@ func SortPenalties(es []PenaltyEntry) {
 }
 
 // LocalPenalties is Penalties for one process: the table counts the
-// denials and holds the boxes.
+// denials and holds the boxes; its watchers hear of each box it makes.
 type LocalPenalties struct {
 	*PenaltyTable
+	BoxWatchers
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 }
 
-var _ Penalties = (*LocalPenalties)(nil)
+var (
+	_ Penalties  = (*LocalPenalties)(nil)
+	_ BoxWatcher = (*LocalPenalties)(nil)
+)
 
 func (l *LocalPenalties) now() int64 {
 	if l.Now != nil {
@@ -318,7 +380,10 @@ func (l *LocalPenalties) Boxed(k PenaltyKey) (time.Duration, bool) {
 	return time.Duration(until - now), ok
 }
 
-// Denied implements Penalties: counted in the table.
-func (l *LocalPenalties) Denied(k PenaltyKey, p Penalty, window time.Duration) {
-	l.Count(k, p, window, l.now())
+// Denied implements Penalties: counted in the table; a box it makes is
+// told to the watchers.
+func (l *LocalPenalties) Denied(k PenaltyKey, p Penalty, lim Limit) {
+	if until, boxed := l.Count(k, p, lim.Window, l.now()); boxed {
+		l.Made(Box{PenaltyEntry{k.clone(), until}, lim})
+	}
 }

@@ -242,11 +242,54 @@ func TestPenaltyKeyBounded(t *testing.T) {
 		t.Fatalf("short values changed: %+v", short)
 	}
 	tab := &LocalPenalties{PenaltyTable: NewPenaltyTable(0)}
-	tab.Denied(k, Penalty{Duration: time.Hour, After: 1}, time.Minute)
+	tab.Denied(k, Penalty{Duration: time.Hour, After: 1}, Limit{Rate: Rate{Window: time.Minute}})
 	if _, ok := tab.Boxed(NewPenaltyKey("api", long, long+"y")); !ok {
 		t.Fatal("the long tenant is not boxed")
 	}
 	if _, ok := tab.Boxed(forged); ok {
 		t.Fatal("the forged digest tenant is boxed")
+	}
+}
+
+// TestBoxWatchers: a box made by LocalPenalties is told once, to the
+// newest watcher first, and to older ones only while no newer one takes
+// it; a stopped watcher is not told; a denial of a bucket boxed already
+// (After 1, two requests denied together) makes no second box.
+func TestBoxWatchers(t *testing.T) {
+	tab := &LocalPenalties{PenaltyTable: NewPenaltyTable(0), Now: func() time.Time { return baseTime }}
+	var told []string
+	watch := func(name string, take bool) func() {
+		return tab.WatchBoxes(func(b Box) bool {
+			told = append(told, fmt.Sprintf("%s %s/%s until +%v limit %d", name, b.Policy, b.Tenant, time.Duration(b.Until-baseTime.UnixNano()), b.Limit.Limit))
+			return take
+		})
+	}
+	stopOld := watch("old", true)
+	stopNew := watch("new", false)
+	pen := Penalty{Duration: time.Minute, After: 2}
+	lim := Limit{Rate: Rate{Limit: 5, Window: time.Second}}
+	k := PenaltyKey{"api", "alice", ""}
+	tab.Denied(k, pen, lim)
+	if len(told) != 0 {
+		t.Fatalf("told %q after 1 denial of 2", told)
+	}
+	tab.Denied(k, pen, lim)
+	if want := "new api/alice until +1m0s limit 5|old api/alice until +1m0s limit 5"; strings.Join(told, "|") != want {
+		t.Fatalf("told %q, want %q", told, want)
+	}
+	told = nil
+	stopOld()
+	once := Penalty{Duration: time.Minute, After: 1}
+	k2 := PenaltyKey{"api", "bob", ""}
+	tab.Denied(k2, once, lim)
+	tab.Denied(k2, once, lim) // boxed already: no new box
+	if want := "new api/bob until +1m0s limit 5"; strings.Join(told, "|") != want {
+		t.Fatalf("told %q, want %q", told, want)
+	}
+	told = nil
+	stopNew()
+	tab.Denied(PenaltyKey{"api", "carol", ""}, once, lim)
+	if len(told) != 0 {
+		t.Fatalf("stopped watchers told %q", told)
 	}
 }

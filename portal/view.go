@@ -42,8 +42,9 @@ type Policy struct {
 	Tier string `json:"tier,omitempty"`
 	// Capacity is the most the bucket holds (burst, else limit).
 	Capacity int64 `json:"capacity,omitempty"`
-	// NearLimit is true when less than (1 - near_limit) of the capacity
-	// is left; NearFraction is that threshold.
+	// NearLimit is true when less than (1 - near_limit) of the limit (not
+	// the burst) is left, the rule of the near_limit metric and webhook
+	// (gate.NearLimit); NearFraction is that threshold.
 	NearLimit    bool    `json:"near_limit"`
 	NearFraction float64 `json:"near_fraction"`
 	// ResetAt is when the bucket has more (RFC 3339).
@@ -148,7 +149,7 @@ func policyView(ctx context.Context, r *http.Request, repl *caddy.Replacer, g *g
 	}
 	pv.Policy.Policy = p.Name
 	if pv.Remaining != nil {
-		pv.NearLimit = float64(*pv.Remaining) < float64(pv.Capacity)*(1-p.Near)
+		pv.NearLimit = gate.NearLimit(*pv.Remaining, l.Limit, p.Near)
 	}
 	if pv.Reset != nil && *pv.Reset > 0 {
 		pv.ResetAt = now.Add(time.Duration(*pv.Reset * float64(time.Second))).UTC().Format(time.RFC3339)

@@ -7,14 +7,10 @@ import (
 )
 
 // markNearLimit flags, in st.near, the verdicts of an admitted request
-// that left their tenant with less than (1 - near_limit) of its limit,
-// and notes those tenants on the handler's board. Only charged verdicts
-// the store answered count (not fail modes, not unlimited tenants, not
-// cost 0); shadow policies count too, measured against their own limit.
-// The limit is the bucket's capacity: the limit, or a token bucket's or
-// GCRA's burst. A verdict served from a lease reports what the store last
-// said plus the units this instance still holds, so with leases a tenant
-// shows up near its limit a little later.
+// that left their tenant near its limit (nearLimit), and notes those
+// tenants on the handler's board. A verdict served from a lease reports
+// what the store last said plus the units this instance still holds, so
+// with leases a tenant shows up near its limit a little later.
 func (h *Server) markNearLimit(st *requestState) {
 	d := &st.decision
 	if !d.Admitted {
@@ -23,8 +19,7 @@ func (h *Server) markNearLimit(st *requestState) {
 	var board *fleet.NearLimitBoard
 	for i := range d.Verdicts {
 		v := &d.Verdicts[i]
-		near := v.Counted() && v.Path == limiter.PathStore && v.Result.Allowed && st.items[i].Cost > 0 &&
-			isNearLimit(v.Result.Remaining, v.Limit.Capacity(), st.policies[i].Near)
+		near := nearLimit(v, &st.items[i], st.policies[i].Near)
 		st.near = append(st.near, near)
 		if !near {
 			continue
@@ -41,8 +36,14 @@ func (h *Server) markNearLimit(st *requestState) {
 	}
 }
 
-// isNearLimit reports whether remaining is less than (1 - fraction) of
-// capacity.
-func isNearLimit(remaining, capacity int64, fraction float64) bool {
-	return float64(remaining) < (1-fraction)*float64(capacity)
+// nearLimit reports whether the verdict v of item it, of an admitted
+// request, left the tenant near its limit at fraction: the rule of the
+// near_limit metric and of the near_limit webhook's thresholds alike.
+// Only charged verdicts the store answered count (not fail modes, not
+// unlimited tenants, not cost 0); shadow policies count too, measured
+// against their own limit. Near is gate.NearLimit: less than
+// (1 - fraction) of the limit left, the limit and not a burst.
+func nearLimit(v *limiter.Verdict, it *limiter.Item, fraction float64) bool {
+	return v.Counted() && v.Path == limiter.PathStore && v.Result.Allowed && it.Cost > 0 &&
+		gate.NearLimit(v.Result.Remaining, v.Limit.Limit, fraction)
 }

@@ -14,12 +14,13 @@ import (
 )
 
 // Signals out (notify): the events of a decision (a tenant past a
-// near_limit threshold, a denial, a penalty box), of the instance (its
-// fail mode) and of the admin API (an override), sent as webhooks by the
-// store's fleet.Notifier. Deciding whether a decision has an event costs
-// arithmetic and, for an event, one lookup in the notifier's in-process
-// table of events already sent this period: a tenant near its limit on
-// every request builds its event once per period and instance.
+// near_limit threshold, a denial), of the store (a penalty box made), of
+// the instance (its fail mode) and of the admin API (an override), sent
+// as webhooks by the store's fleet.Notifier. Deciding whether a decision
+// has an event costs arithmetic and, for an event, one lookup in the
+// notifier's in-process table of events already sent this period: a
+// tenant near its limit on every request builds its event once per period
+// and instance.
 
 // notifyRuntime is a policy's notify settings, resolved.
 type notifyRuntime struct {
@@ -66,24 +67,15 @@ func (h *Server) signal(st *requestState) {
 		}
 		it := &st.items[i]
 		switch {
-		case v.Path == limiter.PathPenalty:
-			if p.notify.cfg.Sends("penalty") {
-				end := now.Add(v.Result.RetryAfter).Round(time.Second)
-				h.notifyOnce(n, p, it, v, "penalty", 0, now, now, end)
-			}
 		case !v.Result.Allowed && v.Path == limiter.PathStore:
 			if p.notify.cfg.Sends("exceeded") {
 				start, end := period(v.Limit.Rate, now)
 				h.notifyOnce(n, p, it, v, "exceeded", 0, now, start, end)
 			}
-		case d.Admitted && v.Result.Allowed && v.Path == limiter.PathStore && p.notify.cfg.Sends("near_limit"):
-			capacity := v.Limit.Capacity()
-			if capacity <= 0 || v.Result.Remaining < 0 {
-				continue
-			}
-			used := float64(capacity - v.Result.Remaining)
+		case d.Admitted && p.notify.cfg.Sends("near_limit"):
+			// Thresholds ascending: past the first not crossed, none is.
 			for _, t := range p.notify.near {
-				if used < t*float64(capacity) {
+				if !nearLimit(v, it, t) {
 					break
 				}
 				start, end := period(v.Limit.Rate, now)
@@ -109,7 +101,57 @@ func (h *Server) notifyOnce(n *fleet.Notifier, p *policyRuntime, it *limiter.Ite
 	if v.Result.Reset > 0 {
 		ev.Reset = now.Add(v.Result.Reset).UTC().Format(time.RFC3339)
 	}
-	n.Send(h.destination(p, it), ev, key, end)
+	n.Send(h.destinationOf(p, it.Tenant), ev, key, end)
+}
+
+// WatchBoxes has the penalty boxes the store makes for the handler's
+// policies announced (penalty events), when some policy sends them. Call
+// it once the store is open; Close stops it.
+//
+// A box is announced when it starts, by the instance that made it (the
+// store tells each box once, fleet-wide: see limiter.BoxWatchers), not at
+// the first request it refuses: a tenant that stops when boxed is
+// announced too, and no request path pays for it.
+func (h *Server) WatchBoxes() {
+	for _, p := range h.policies {
+		if p.Engine.Penalty.On() && p.notify != nil && p.notify.cfg.Sends("penalty") {
+			if w, ok := h.gate.Store.Penalties().(limiter.BoxWatcher); ok {
+				h.stopBoxes = w.WatchBoxes(h.boxMade)
+			}
+			return
+		}
+	}
+}
+
+// boxMade sends the penalty event of box b, a box the store just made,
+// when it is of one of h's policies that sends penalty events; it reports
+// whether h took it (the handlers sharing the store, newest first, are
+// asked until one does). A shadow box refuses nothing: it is taken, and
+// not announced. The event's period is the box.
+func (h *Server) boxMade(b limiter.Box) bool {
+	n := h.gate.Store.Notifier()
+	if n == nil {
+		return false
+	}
+	for _, p := range h.policies {
+		if p.Engine.Name != b.Policy || p.notify == nil || !p.notify.cfg.Sends("penalty") {
+			continue
+		}
+		if b.Limit.Shadow {
+			return true
+		}
+		end := time.Unix(0, b.Until)
+		zero := int64(0)
+		ev := fleet.Event{
+			Type: "penalty", Tenant: b.Tenant, Policy: p.Name, Limit: b.Limit.Limit, Remaining: &zero,
+			Reset:       end.UTC().Format(time.RFC3339),
+			PeriodStart: end.Add(-p.Engine.Penalty.Duration).UTC().Format(time.RFC3339),
+			PeriodEnd:   end.UTC().Format(time.RFC3339),
+		}
+		n.Send(h.destinationOf(p, b.Tenant), ev, "", end)
+		return true
+	}
+	return false
 }
 
 // eventTenant is the tenant as events name it: bounded like in logs.
@@ -117,11 +159,11 @@ func (h *Server) eventTenant(it *limiter.Item) string {
 	return limiter.BoundedValue(it.Tenant)
 }
 
-// destination is where p's events of the item's tenant go: the tenant's
-// own URL, from a runtime override (notify_url), else the policy's.
-func (h *Server) destination(p *policyRuntime, it *limiter.Item) fleet.Destination {
+// destinationOf is where p's events of tenant go: the tenant's own URL,
+// from a runtime override (notify_url), else the policy's.
+func (h *Server) destinationOf(p *policyRuntime, tenant string) fleet.Destination {
 	dst := p.notify.dst
-	if u := h.gate.Store.Overrides().Table().NotifyURL(p.Engine, it.Tenant); u != "" {
+	if u := h.gate.Store.Overrides().Table().NotifyURL(p.Engine, tenant); u != "" {
 		dst.URL = u
 	}
 	return dst
@@ -129,17 +171,15 @@ func (h *Server) destination(p *policyRuntime, it *limiter.Item) fleet.Destinati
 
 // onceKey names an event in its period, for the notifier's table and
 // the fleet's marker: the tenant's hash tag (escaped, bounded), policy,
-// event, threshold and period start.
+// event, threshold and period start. Not the partition key: an event is
+// the tenant's, so a policy with a key inside the tenant sends it once
+// however many of the tenant's keys cross it.
 func onceKey(it *limiter.Item, event string, threshold float64, start time.Time) string {
 	b := make([]byte, 0, 96)
 	b = append(b, '{')
 	b = limiter.AppendTenantTag(b, it.Tenant)
 	b = append(b, "}:"...)
 	b = append(b, it.Policy.Name...)
-	if it.Part != "" {
-		b = append(b, ':')
-		b = limiter.AppendEscaped(b, it.Part)
-	}
 	b = append(b, ':')
 	b = append(b, event...)
 	if threshold > 0 {

@@ -78,18 +78,14 @@ func (h *Server) Protection() *protect.Limiter {
 	return h.protection.limiter
 }
 
-// serveProtected takes a slot for the request (waiting in its tenant's
-// queue when the limit is reached), passes it on, and gives the slot
-// back with the upstream's latency and outcome. A shed request is
-// answered with the protect block's status and a Retry-After, and the
-// units the rate limits charged it are given back (it never reached the
-// upstream).
-func (h *Server) serveProtected(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, st *requestState, tenant string) (err error) {
+// serveProtected takes a slot for the request of tenant in tier (waiting
+// in its tenant's queue when the limit is reached), passes it on, and
+// gives the slot back with the upstream's latency and outcome. A shed
+// request is answered with the protect block's status and a Retry-After,
+// and the units the rate limits charged it are given back (it never
+// reached the upstream).
+func (h *Server) serveProtected(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, next caddyhttp.Handler, st *requestState, tenant, tier string) (err error) {
 	p := h.protection
-	tier := ""
-	if len(st.items) > 0 {
-		tier = st.items[0].Tier
-	}
 	prio := protect.Normal
 	if p.priority.raw != "" {
 		prio = protect.ParsePriority(p.priority.expand(repl, r))

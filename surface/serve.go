@@ -89,8 +89,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		}
 		tenant = limiter.TenantOf(v)
 	}
-	tierTemplate := ""
-	tierResolved := false
+	var tiers tierCache
 	for _, p := range h.policies {
 		ok, err := p.matches(r)
 		if err != nil {
@@ -105,14 +104,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		} else {
 			item.Tenant = limiter.TenantOf(p.resolveKey(repl, r))
 		}
-		if tier, ok := h.TenantTiers[item.Tenant]; ok {
-			item.Tier = tier
-		} else if h.Tier != "" {
-			if !tierResolved {
-				tierTemplate, tierResolved = h.tier.expand(repl, r), true
-			}
-			item.Tier = tierTemplate
-		}
+		item.Tier = tiers.of(h, item.Tenant, repl, r)
 		st.items = append(st.items, item)
 		st.policies = append(st.policies, p)
 		st.gates = append(st.gates, p.Policy)
@@ -123,7 +115,13 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}
 	if len(st.items) == 0 {
 		if h.protection != nil {
-			return h.serveProtected(w, r, repl, next, st, tenant)
+			// No policy to take the tenant and tier from: the same
+			// rules, without one. Without tenant, a request is its
+			// client IP's, as a policy's default key makes it.
+			if h.Tenant == "" {
+				tenant = h.clientIP.expand(repl, r)
+			}
+			return h.serveProtected(w, r, repl, next, st, tenant, tiers.of(h, tenant, repl, r))
 		}
 		return next.ServeHTTP(w, r)
 	}
@@ -179,9 +177,32 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		if h.Tenant == "" {
 			tenant = st.items[0].Tenant // the key is the tenant
 		}
-		return h.serveProtected(w, r, repl, next, st, tenant)
+		return h.serveProtected(w, r, repl, next, st, tenant, st.items[0].Tier)
 	}
 	return h.serveAdmitted(w, r, next, st)
+}
+
+// tierCache resolves the tiers of one request's tenants, expanding the
+// tier template at most once.
+type tierCache struct {
+	expanded string
+	done     bool
+}
+
+// of is tenant's tier: its tenant_tiers entry, else the handler's tier
+// template's value for r, else none. Policies and protect take the tier
+// from here alike.
+func (c *tierCache) of(h *Server, tenant string, repl *caddy.Replacer, r *http.Request) string {
+	if tier, ok := h.TenantTiers[tenant]; ok {
+		return tier
+	}
+	if h.Tier == "" {
+		return ""
+	}
+	if !c.done {
+		c.expanded, c.done = h.tier.expand(repl, r), true
+	}
+	return c.expanded
 }
 
 // serveAdmitted passes an admitted request on: through the metered

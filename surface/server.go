@@ -39,6 +39,10 @@ type Server struct {
 	headerMode config.HeaderMode
 	// tenant and tier are the Tenant and Tier templates, compiled.
 	tenant, tier template
+	// clientIP is config.DefaultKey compiled: the tenant of a request
+	// no policy matches (protect) when the handler sets no tenant, as a
+	// policy's default key makes the client IP the tenant.
+	clientIP template
 	// metrics and compat are nil when metrics are disabled.
 	metrics *metrics.Handler
 	compat  *compat.Metrics
@@ -51,6 +55,9 @@ type Server struct {
 	notifies bool
 	// protection is the protect block's limiter; nil without one.
 	protection *protection
+	// stopBoxes stops announcing penalty boxes (WatchBoxes); nil when
+	// not announcing.
+	stopBoxes func()
 }
 
 var _ gate.Signals = (*Server)(nil)
@@ -61,7 +68,7 @@ var _ gate.Signals = (*Server)(nil)
 // finds the events app. Close it when the handler goes.
 func New(ctx caddy.Context, cfg *config.Handler, g *gate.Gate) (*Server, error) {
 	h := &Server{Handler: cfg, ctx: ctx, logger: ctx.Logger(), gate: g}
-	h.tenant, h.tier = compileTemplate(cfg.Tenant), compileTemplate(cfg.Tier)
+	h.tenant, h.tier, h.clientIP = compileTemplate(cfg.Tenant), compileTemplate(cfg.Tier), compileTemplate(config.DefaultKey)
 	var err error
 	if h.headerMode, err = config.ParseHeaderMode(cfg.Headers); err != nil {
 		return nil, err
@@ -85,8 +92,12 @@ func New(ctx caddy.Context, cfg *config.Handler, g *gate.Gate) (*Server, error) 
 	return h, nil
 }
 
-// Close lets go of what the server holds (its tenant series).
+// Close lets go of what the server holds (its tenant series, its place
+// among the watchers of penalty boxes).
 func (h *Server) Close() {
+	if h.stopBoxes != nil {
+		h.stopBoxes()
+	}
 	h.closeProtect()
 	h.cleanupMetrics()
 }
