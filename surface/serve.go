@@ -119,7 +119,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 			// rules, without one. Without tenant, a request is its
 			// client IP's, as a policy's default key makes it.
 			if h.Tenant == "" {
-				tenant = h.clientIP.expand(repl, r)
+				tenant = limiter.TenantOf(h.clientIP.expand(repl, r))
 			}
 			return h.serveProtected(w, r, repl, next, st, tenant, tiers.of(h, tenant, repl, r))
 		}
