@@ -286,7 +286,9 @@ func (h *Server) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replac
 // policy's key (the tenant itself when the handler has no tenant).
 func (h *Server) bucketKey(it *limiter.Item) string {
 	if h.Tenant == "" {
-		return it.Tenant
+		// The key the request resolved, not the engine's tenant: an
+		// empty key is logged empty, not as the anonymous tenant.
+		return limiter.TenantOf(it.Tenant)
 	}
 	return it.Part
 }
