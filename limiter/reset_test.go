@@ -142,3 +142,27 @@ func TestRedisPartIndexPrunes(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisPartIndexAdoptsBuckets: a live bucket that is not in its
+// index (written before indexes existed) is added by a write that finds
+// the index gone or shorter-lived than the bucket, and a reset then
+// clears it.
+func TestRedisPartIndexAdoptsBuckets(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	s := NewRedisStore(RedisOptions{Client: client, Prefix: "rl", Timeout: testTimeout})
+	c := Check{Algorithm: TokenBucket, Tenant: "t", Policy: "p", Part: "x", Rate: Rate{Limit: 5, Window: time.Hour}, Cost: 1}
+	mustDecide(t, s, c)
+	const idx, bucket = "rl:parts:{t}:p", "rl:token_bucket:{t}:p:x"
+	client.Del(bgCtx, idx)
+	mustDecide(t, s, c)
+	if !client.SIsMember(bgCtx, idx, bucket).Val() {
+		t.Fatalf("%s not adopted by %s", bucket, idx)
+	}
+	if err := s.Reset(bgCtx, "t", []string{"p"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustPeek(t, s, c)[0].Remaining; got != 5 {
+		t.Fatalf("after reset: remaining %d, want 5", got)
+	}
+}
