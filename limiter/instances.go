@@ -181,13 +181,23 @@ func (r *Registry) beat(ctx context.Context) {
 func (r *Registry) call(ctx context.Context, remove int) *redis.Cmd {
 	keys := []string{r.key}
 	if r.functions && !r.noFunctions.Load() {
-		cmd := r.client.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
+		// In a cluster, the master of the key: FUNCTION LOAD has no key,
+		// and the cluster client would send it to any node.
+		c := redis.Cmdable(r.client)
+		if cc, ok := r.client.(*redis.ClusterClient); ok {
+			m, err := cc.MasterForKey(ctx, r.key)
+			if err != nil {
+				return heartbeatScript.Run(ctx, r.client, keys, r.id, r.stale, remove)
+			}
+			c = m
+		}
+		cmd := c.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
 		if isFunctionMissing(cmd.Err()) {
-			err := r.client.FunctionLoadReplace(ctx, lua.Library).Err()
-			if err != nil && !isConnError(err) {
+			err := c.FunctionLoadReplace(ctx, lua.Library).Err()
+			if isFunctionRefused(err) {
 				r.noFunctions.Store(true)
 			} else if err == nil {
-				cmd = r.client.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
+				cmd = c.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
 				if isFunctionMissing(cmd.Err()) {
 					// Loaded where the calls do not go (a client that
 					// routes by key, seen as one node): scripts only.
@@ -198,6 +208,9 @@ func (r *Registry) call(ctx context.Context, remove int) *redis.Cmd {
 		switch err := cmd.Err(); {
 		case isFunctionRefused(err):
 			r.noFunctions.Store(true)
+		case isRedirect(err):
+			// The slot moved since the master was looked up: the
+			// cluster client follows it (and reloads its slot map).
 		case !isFunctionMissing(err):
 			return cmd
 		}

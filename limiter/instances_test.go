@@ -160,3 +160,37 @@ func TestRegistryFunctions(t *testing.T) {
 		t.Errorf("without functions: %d FCALLs, %d EVALSHAs; want 0 and >= 3", f, s)
 	}
 }
+
+// TestRegistryFunctionsCluster: on a cluster, the registry loads the
+// library on the master of its key itself (FUNCTION LOAD has no key, so
+// the cluster client would send it to any master), and no master runs a
+// script.
+func TestRegistryFunctionsCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3, 0)
+	r := NewRegistry(RegistryOptions{Client: cl.Client(t), Prefix: "fnc", Interval: 20 * time.Millisecond, Functions: true})
+	defer r.Close()
+	start := r.LastHeartbeat()
+	deadline := time.Now().Add(10 * time.Second)
+	for n := 0; n < 3; {
+		if time.Now().After(deadline) {
+			t.Fatal("no heartbeat for 10s")
+		}
+		if last := r.LastHeartbeat(); last.After(start) {
+			start, n = last, n+1
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	fcalls := 0
+	for _, n := range cl.Nodes() {
+		stats := n.Client(t).Info(bgCtx, "commandstats").Val()
+		if strings.Contains(stats, "cmdstat_evalsha:") || strings.Contains(stats, "cmdstat_eval:") {
+			t.Errorf("master %s ran a script", n.Addr)
+		}
+		if strings.Contains(stats, "cmdstat_fcall:") {
+			fcalls++
+		}
+	}
+	if fcalls != 1 {
+		t.Errorf("%d masters ran FCALLs, want 1 (the key's)", fcalls)
+	}
+}
