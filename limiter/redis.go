@@ -37,7 +37,9 @@ type RedisOptions struct {
 	// deadlines on the socket otherwise, and Timeout is then not enforced
 	// on a server that stopped answering.
 	Client redis.UniversalClient
-	// Prefix starts every key; "" means "rl".
+	// Prefix starts every key; "" means "rl". It must not contain ':',
+	// '{' or '}': the scripts find the tenant and the part of a key by
+	// them (the Caddy configuration refuses such a prefix).
 	Prefix string
 	// Timeout is the deadline of every call; 0 means 100ms.
 	Timeout time.Duration
@@ -803,20 +805,32 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 	return nil
 }
 
+// resetChunk is how many parts one call of a reset deletes at most: a
+// script blocks Redis for every other client while it runs (about 1 ms
+// per thousand keys here), and a tenant may have many parts.
+const resetChunk = 1000
+
+// resetMaxCalls bounds the calls of one Reset: parts written while it
+// runs are deleted too, and traffic that adds parts faster than a call
+// deletes them must not keep it running.
+const resetMaxCalls = 10000
+
 // Reset implements Store: it deletes the buckets of tenant in each of
-// policies, in one script call (lua.Reset; a tenant's keys share one
+// policies with script calls (lua.Reset; a tenant's keys share one
 // cluster slot). For each policy that is its bucket under every
 // algorithm's name (so a policy whose algorithm changed loses its old
 // bucket too) and the buckets of every part its partition index lists
-// (lua/common.lua: every write of a partitioned bucket keeps it there).
-// Nothing is scanned: the call costs Redis O(policies + parts), whatever
-// else the keyspace holds.
+// (lua/common.lua: every write of a partitioned bucket keeps it there),
+// resetChunk parts per call, until none is left. Nothing is scanned: a
+// reset costs Redis O(policies + parts), whatever else the keyspace
+// holds.
 func (s *RedisStore) Reset(ctx context.Context, tenant string, policies []string) error {
 	if len(policies) == 0 {
 		return nil
 	}
 	n := len(policies) * (int(numAlgorithms) + 1)
-	keys, args := make([]string, 0, n), make([]any, 0, n)
+	keys, args := make([]string, 0, n), make([]any, 1, n+1)
+	args[0] = resetChunk
 	var b []byte
 	for _, p := range policies {
 		for a := range Algorithm(numAlgorithms) {
@@ -828,10 +842,19 @@ func (s *RedisStore) Reset(ctx context.Context, tenant string, policies []string
 	}
 	sc := s.getScratch()
 	defer s.putScratch(sc)
-	if _, err := s.eval(ctx, sc, scriptReset, keys, args); err != nil {
-		return err
+	for range resetMaxCalls {
+		reply, err := s.eval(ctx, sc, scriptReset, keys, args)
+		if err != nil {
+			return err
+		}
+		if len(reply) != 2 {
+			return fmt.Errorf("limiter: redis reset: reply of %d values, want 2", len(reply))
+		}
+		if reply[1] == 0 {
+			return nil
+		}
 	}
-	return nil
+	return fmt.Errorf("limiter: redis reset of tenant %q: parts still left after %d calls of %d", tenant, resetMaxCalls, resetChunk)
 }
 
 // appendPartIndexKey appends the key of the partition index of tenant in

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -144,9 +145,9 @@ func TestRedisPartIndexPrunes(t *testing.T) {
 }
 
 // TestRedisPartIndexAdoptsBuckets: a live bucket that is not in its
-// index (written before indexes existed) is added by a write that finds
-// the index gone or shorter-lived than the bucket, and a reset then
-// clears it.
+// index (written before indexes existed, or its index evicted) is added
+// by its next write, whether the index is gone or outlives the bucket,
+// and a reset then clears it.
 func TestRedisPartIndexAdoptsBuckets(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	client := srv.Client(t)
@@ -159,10 +160,48 @@ func TestRedisPartIndexAdoptsBuckets(t *testing.T) {
 	if !client.SIsMember(bgCtx, idx, bucket).Val() {
 		t.Fatalf("%s not adopted by %s", bucket, idx)
 	}
+	// The same while the index lives on, kept by a part with a longer TTL.
+	long := c
+	long.Part, long.Cost = "drained", 5
+	mustDecide(t, s, long)
+	client.SRem(bgCtx, idx, bucket)
+	mustDecide(t, s, c)
+	if !client.SIsMember(bgCtx, idx, bucket).Val() {
+		t.Fatalf("%s not adopted by %s, which outlives it", bucket, idx)
+	}
 	if err := s.Reset(bgCtx, "t", []string{"p"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mustPeek(t, s, c)[0].Remaining; got != 5 {
 		t.Fatalf("after reset: remaining %d, want 5", got)
+	}
+}
+
+// TestRedisResetInChunks: a tenant with more parts than one reset call
+// deletes is reset over several calls, each bounded, and entirely.
+func TestRedisResetInChunks(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	s := NewRedisStore(RedisOptions{Client: client, Prefix: "rl", Timeout: testTimeout})
+	const parts = 2*resetChunk + 500
+	for i := range parts {
+		c := Check{Algorithm: FixedWindow, Tenant: "t", Policy: "p", Part: fmt.Sprint(i), Rate: Rate{Limit: 5, Window: time.Hour}, Cost: 1}
+		if ok, _ := mustDecide(t, s, c); !ok {
+			t.Fatal("denied")
+		}
+	}
+	if n := client.SCard(bgCtx, "rl:parts:{t}:p").Val(); n != parts {
+		t.Fatalf("index holds %d parts, want %d", n, parts)
+	}
+	client.ConfigResetStat(bgCtx)
+	if err := s.Reset(bgCtx, "t", []string{"p"}); err != nil {
+		t.Fatal(err)
+	}
+	stats := client.Info(bgCtx, "commandstats").Val()
+	if m := regexp.MustCompile(`cmdstat_spop:calls=(\d+),`).FindStringSubmatch(stats); m == nil || m[1] != "3" {
+		t.Errorf("want 3 reset calls of %d parts at most: %q", resetChunk, stats)
+	}
+	if n := client.DBSize(bgCtx).Val(); n != 0 {
+		t.Errorf("%d keys left after the reset", n)
 	}
 }

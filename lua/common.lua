@@ -172,20 +172,18 @@ end
 -- the requests know. So that a reset can find them without scanning the
 -- keyspace, the set <prefix>:parts:{<tenant>}:<policy> (the index of the
 -- tenant's parts of the policy) lists every such bucket, and lives at
--- least as long as the longest-lived of them: a write of a bucket that
--- did not exist adds it, and a write whose TTL outlasts the index's adds
--- it too (an idempotent SADD; it also lists buckets written before the
--- index existed) and gives the index twice that TTL, so most writes of a
--- live part cost one PTTL. A member whose bucket has expired stays until
--- a later addition draws it (two random members are checked per new
--- member), so the set holds about twice the live parts at most. The index
+-- least as long as the longest-lived of them: every write of a bucket adds
+-- it (an idempotent SADD, so a bucket written before its index existed,
+-- or whose index was evicted, is listed again by its next write), and a
+-- write whose TTL outlasts the index's gives the index twice that TTL, so
+-- most writes of a live part cost an SADD and a PTTL. A member whose
+-- bucket has expired stays until a later addition draws it (two random
+-- members are checked per new member), so the set holds about twice the
+-- live parts at most. The index
 -- key is derived from the bucket key rather than passed: it is in the
 -- same hash slot (the same {<tenant>} tag), and a decision pays no
 -- argument for it. An unpartitioned key costs one string search.
---
--- fresh is true when the bucket did not exist before this call, false
--- when it did, nil when the caller does not know (then it is added).
-local function index_part(key, ttl_ms, fresh)
+local function index_part(key, ttl_ms)
   local c = string.find(key, '}:', 1, true)
   if not c then return end
   local p = string.find(key, ':', c + 2, true)
@@ -193,8 +191,6 @@ local function index_part(key, ttl_ms, fresh)
   local a = string.find(key, ':', 1, true)
   local b = string.find(key, ':', a + 1, true)
   local idx = string.sub(key, 1, a) .. 'parts' .. string.sub(key, b, p - 1)
-  local left = redis.call('PTTL', idx)
-  if left >= ttl_ms and fresh == false then return end
   if redis.call('SADD', idx, key) == 1 then
     local drawn = redis.call('SRANDMEMBER', idx, 2)
     for i = 1, #drawn do
@@ -203,16 +199,15 @@ local function index_part(key, ttl_ms, fresh)
       end
     end
   end
-  if left < ttl_ms then
+  if redis.call('PTTL', idx) < ttl_ms then
     redis.call('PEXPIRE', idx, 2 * ttl_ms)
   end
 end
 
 -- store writes state s of key with a TTL that ends when s equals a fresh
 -- bucket (rounded up to the millisecond), or deletes the key when s already
--- does: an expired key and a fresh bucket mean the same thing. fresh says
--- whether key did not exist before the call (see index_part).
-local function store(key, alg, s, r, now, fresh)
+-- does: an expired key and a fresh bucket mean the same thing.
+local function store(key, alg, s, r, now)
   local ttl = alg.ttl(s, now, r)
   if ttl <= 0 then
     redis.call('DEL', key)
@@ -222,7 +217,7 @@ local function store(key, alg, s, r, now, fresh)
   -- this small (string.format would cost more than the SET).
   local ms = math.ceil(ttl / 1000)
   redis.call('SET', key, alg.encode(s), 'PX', ms)
-  index_part(key, ms, fresh)
+  index_part(key, ms)
 end
 
 
@@ -233,11 +228,11 @@ local function load(alg, key)
   return alg.decode(raw), raw ~= false
 end
 
--- save writes state s of key for alg (see store; fresh as for store).
-local function save(key, alg, s, r, now, fresh)
+-- save writes state s of key for alg (see store).
+local function save(key, alg, s, r, now)
   if alg.save then
     alg.save(key, s, r, now)
   else
-    store(key, alg, s, r, now, fresh)
+    store(key, alg, s, r, now)
   end
 end

@@ -57,15 +57,12 @@ local now = now_us(ARGV[2])
 if n == 1 and mode == 'decide' then
   local alg, r, cost, shadow = parse_check(1, 2)
   local key = KEYS[1]
-  local s, existed = load(alg, key)
-  local ok, rem, retry, reset, nxt = alg.eval(s, now, r, cost)
-  if ok and cost > 0 then save(key, alg, nxt, r, now, not existed) end
+  local ok, rem, retry, reset, nxt = alg.eval((load(alg, key)), now, r, cost)
+  if ok and cost > 0 then save(key, alg, nxt, r, now) end
   return {(ok or shadow) and 1 or 0, now, ok and 1 or 0, rem, math.max(retry, 0), math.max(reset, 0)}
 end
 
--- key -> {orig = stored state, cur = tentative state, exists, fresh: the
--- key did not exist before the call}
-local buckets = {}
+local buckets = {} -- key -> {orig = stored state, cur = tentative state}
 local algs, rates, costs, charged = {}, {}, {}, {}
 local allowed, rem, retry, reset = {}, {}, {}, {}
 local forced = {} -- force: units charged per check
@@ -77,7 +74,7 @@ for i = 1, n do
   local b = buckets[key]
   if not b then
     local s, exists = load(alg, key)
-    b = {orig = s, cur = s, exists = exists, fresh = not exists}
+    b = {orig = s, cur = s, exists = exists}
     buckets[key] = b
   end
   algs[i], rates[i], costs[i] = alg, r, cost
@@ -140,7 +137,7 @@ if (mode == 'decide' and admitted) or mode == 'force' then
     if charged[i] then last[KEYS[i]] = i end
   end
   for key, i in pairs(last) do
-    save(key, algs[i], buckets[key].cur, rates[i], now, buckets[key].fresh)
+    save(key, algs[i], buckets[key].cur, rates[i], now)
   end
 elseif mode ~= 'peek' then
   -- Not admitted (or a dry run): nothing was charged.

@@ -34,7 +34,7 @@ for i = 1, n do
 end
 
 for key, b in pairs(buckets) do
-  if b.last then save(key, algs[b.last], b.s, rates[b.last], now, false) end
+  if b.last then save(key, algs[b.last], b.s, rates[b.last], now) end
 end
 
 local out = {0, now}
