@@ -90,6 +90,11 @@ func TestNearLimitEndToEnd(t *testing.T) {
 	if reset, err := time.Parse(time.RFC3339, acme["reset_at"].(string)); err != nil || !reset.After(at) {
 		t.Fatalf("reset_at %v: %v", acme["reset_at"], err)
 	}
+	// Listed against the limit the rule measures, not the burst.
+	half := s.adminOK("GET", "/rate_limit/near_limit?policy=nl_half", "")["tenants"].([]any)
+	if len(half) != 1 || half[0].(map[string]any)["limit"] != 2.0 {
+		t.Errorf("nl_half (limit 2, burst 4): %v, want one entry with limit 2", half)
+	}
 	all := s.adminOK("GET", "/rate_limit/near_limit", "")["tenants"].([]any)
 	if len(all) != 4 || all[0].(map[string]any)["policy"] != "nl_shadow" {
 		t.Fatalf("every policy: %v", all)

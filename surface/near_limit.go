@@ -32,7 +32,7 @@ func (h *Server) markNearLimit(st *requestState) {
 		if h.LogKey {
 			key = gate.Loggable(it.Part)
 		}
-		board.Note(it.Policy.Name, gate.Loggable(it.Tenant), key, v.Result.Remaining, v.Limit.Capacity(), v.Result.Reset)
+		board.Note(it.Policy.Name, gate.Loggable(it.Tenant), key, v.Result.Remaining, v.Limit.Limit, v.Result.Reset)
 	}
 }
 
