@@ -315,27 +315,21 @@ func (adminAPI) reset(w http.ResponseWriter, r *http.Request) error {
 	// is told which policies to clear (it never scans for them), and
 	// resets them once for every handler (every handler's leases are
 	// dropped).
-	type scoped struct {
-		store    gate.Store
-		policies []string
-	}
-	var scopes []*scoped
-	byScope := map[any]*scoped{}
+	var stores []gate.Store
+	names := map[any][]string{}
 	for i, h := range hs {
 		for _, p := range ps[i] {
-			sc := byScope[h.Store.Scope()]
-			if sc == nil {
-				sc = &scoped{store: h.Store}
-				byScope[h.Store.Scope()] = sc
-				scopes = append(scopes, sc)
+			scope := h.Store.Scope()
+			if _, ok := names[scope]; !ok {
+				stores = append(stores, h.Store)
 			}
-			if !slices.Contains(sc.policies, p.Engine.Name) {
-				sc.policies = append(sc.policies, p.Engine.Name)
+			if !slices.Contains(names[scope], p.Engine.Name) {
+				names[scope] = append(names[scope], p.Engine.Name)
 			}
 		}
 	}
-	for _, sc := range scopes {
-		if err := sc.store.Reset(r.Context(), tenant, sc.policies, r.RemoteAddr); err != nil {
+	for _, st := range stores {
+		if err := st.Reset(r.Context(), tenant, names[st.Scope()], r.RemoteAddr); err != nil {
 			return apiError(http.StatusServiceUnavailable, "resetting: %v", err)
 		}
 	}

@@ -175,47 +175,53 @@ func (r *Registry) beat(ctx context.Context) {
 }
 
 // call runs lua.Heartbeat once (remove: 1 to leave the set): as the
-// library's function when the registry uses functions, loading the
-// library once when the node answers "Function not found"; else, or once
-// the node refused functions or the library, as a script.
+// library's function when the registry uses functions (fcall), else, or
+// when that cannot be done, as a script.
 func (r *Registry) call(ctx context.Context, remove int) *redis.Cmd {
-	keys := []string{r.key}
 	if r.functions && !r.noFunctions.Load() {
-		// In a cluster, the master of the key: FUNCTION LOAD has no key,
-		// and the cluster client would send it to any node.
-		c := redis.Cmdable(r.client)
-		if cc, ok := r.client.(*redis.ClusterClient); ok {
-			m, err := cc.MasterForKey(ctx, r.key)
-			if err != nil {
-				return heartbeatScript.Run(ctx, r.client, keys, r.id, r.stale, remove)
-			}
-			c = m
-		}
-		cmd := c.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
-		if isFunctionMissing(cmd.Err()) {
-			err := c.FunctionLoadReplace(ctx, lua.Library).Err()
-			if isFunctionRefused(err) {
-				r.noFunctions.Store(true)
-			} else if err == nil {
-				cmd = c.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
-				if isFunctionMissing(cmd.Err()) {
-					// Loaded where the calls do not go (a client that
-					// routes by key, seen as one node): scripts only.
-					r.noFunctions.Store(true)
-				}
-			}
-		}
-		switch err := cmd.Err(); {
-		case isFunctionRefused(err):
-			r.noFunctions.Store(true)
-		case isRedirect(err):
-			// The slot moved since the master was looked up: the
-			// cluster client follows it (and reloads its slot map).
-		case !isFunctionMissing(err):
+		if cmd := r.fcall(ctx, remove); cmd != nil {
 			return cmd
 		}
 	}
-	return heartbeatScript.Run(ctx, r.client, keys, r.id, r.stale, remove)
+	return heartbeatScript.Run(ctx, r.client, []string{r.key}, r.id, r.stale, remove)
+}
+
+// fcall runs the heartbeat function on the master of the registry's key
+// (FUNCTION LOAD has no key: through a cluster client it would reach any
+// master), loading the library once when the node answers "Function not
+// found". It returns nil when the call must go as a script: for good once
+// the node refused functions or the library, or still misses the library
+// right after loading it; for this call only when the slot moved or the
+// load failed otherwise (a failover's READONLY or LOADING).
+func (r *Registry) fcall(ctx context.Context, remove int) *redis.Cmd {
+	c := redis.Cmdable(r.client)
+	if cc, ok := r.client.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, r.key)
+		if err != nil {
+			return nil
+		}
+		c = m
+	}
+	keys := []string{r.key}
+	cmd := c.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
+	if isFunctionMissing(cmd.Err()) {
+		if err := c.FunctionLoadReplace(ctx, lua.Library).Err(); err != nil {
+			if isFunctionRefused(err) {
+				r.noFunctions.Store(true)
+			}
+			return nil
+		}
+		cmd = c.FCall(ctx, heartbeatFunction, keys, r.id, r.stale, remove)
+	}
+	switch err := cmd.Err(); {
+	case isFunctionRefused(err), isFunctionMissing(err):
+		r.noFunctions.Store(true)
+		return nil
+	case isRedirect(err):
+		// The cluster client follows the move (and reloads its slots).
+		return nil
+	}
+	return cmd
 }
 
 // Close stops the heartbeats and removes the instance from the set (with

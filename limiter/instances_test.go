@@ -110,6 +110,22 @@ func TestRegistryNeverZero(t *testing.T) {
 	r.Close()
 }
 
+// waitBeats waits for n more successful heartbeats of r, failing after
+// timeout.
+func waitBeats(t *testing.T, r *Registry, n int, timeout time.Duration) {
+	t.Helper()
+	start, deadline := r.LastHeartbeat(), time.Now().Add(timeout)
+	for n > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("registry %s: fewer heartbeats than wanted in %v", r.ID(), timeout)
+		}
+		if last := r.LastHeartbeat(); last.After(start) {
+			start, n = last, n-1
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // TestRegistryFunctions: with functions, heartbeats are FCALLs of the
 // library (loaded by the registry itself where the node lacks it, again
 // after FUNCTION FLUSH), and no script runs; without, they are EVALSHAs.
@@ -130,17 +146,7 @@ func TestRegistryFunctions(t *testing.T) {
 		t.Helper()
 		r := NewRegistry(RegistryOptions{Client: client, Prefix: fmt.Sprint("fn", functions), Interval: 20 * time.Millisecond, Functions: functions})
 		defer r.Close()
-		start := r.LastHeartbeat()
-		deadline := time.Now().Add(5 * time.Second)
-		for n := 0; n < 3; {
-			if time.Now().After(deadline) {
-				t.Fatal("no heartbeat for 5s")
-			}
-			if last := r.LastHeartbeat(); last.After(start) {
-				start, n = last, n+1
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitBeats(t, r, 3, 5*time.Second)
 	}
 
 	client.ConfigResetStat(bgCtx)
@@ -169,17 +175,7 @@ func TestRegistryFunctionsCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	r := NewRegistry(RegistryOptions{Client: cl.Client(t), Prefix: "fnc", Interval: 20 * time.Millisecond, Functions: true})
 	defer r.Close()
-	start := r.LastHeartbeat()
-	deadline := time.Now().Add(10 * time.Second)
-	for n := 0; n < 3; {
-		if time.Now().After(deadline) {
-			t.Fatal("no heartbeat for 10s")
-		}
-		if last := r.LastHeartbeat(); last.After(start) {
-			start, n = last, n+1
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitBeats(t, r, 3, 10*time.Second)
 	fcalls := 0
 	for _, n := range cl.Nodes() {
 		stats := n.Client(t).Info(bgCtx, "commandstats").Val()
