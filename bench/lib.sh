@@ -36,9 +36,38 @@ caddy_globals() {
 	printf '{\n\tadmin 127.0.0.1:%s\n\tauto_https off\n\tlog {\n\t\toutput discard\n\t}\n}\n' "$1"
 }
 
+# pin_cpus PIN: sets the command prefixes that place the processes of a
+# run on the CPUs it may use: redis_prefix for redis-server, rest_prefix
+# for everything else (Caddy, wrk, redis-benchmark). PIN=redis: Redis on
+# the last CPU (taskset), the rest on the others; PIN=none: every process
+# on every CPU (both prefixes empty).
+pin_cpus() {
+	redis_prefix=()
+	rest_prefix=()
+	case $1 in
+	none) ;;
+	redis)
+		local cpus last rest
+		read -r -a cpus <<<"$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+		if [ "${#cpus[@]}" -lt 2 ]; then
+			echo "PIN=redis needs at least 2 CPUs, this run may use ${#cpus[@]}" >&2
+			exit 2
+		fi
+		last=$((${#cpus[@]} - 1))
+		rest=$(IFS=,; echo "${cpus[*]:0:last}")
+		redis_prefix=(taskset -c "${cpus[last]}")
+		rest_prefix=(taskset -c "$rest")
+		;;
+	*)
+		echo "PIN: \"$1\" is not one of: none, redis" >&2
+		exit 2
+		;;
+	esac
+}
+
 # start_redis: a redis-server on a free loopback port, without persistence;
 # sets redis_port. The server runs under the command prefix in the array
-# redis_prefix when the caller set one (bench/run.sh's PIN).
+# redis_prefix when the caller set one (pin_cpus).
 start_redis() {
 	redis_port=$(free_port)
 	${redis_prefix[@]+"${redis_prefix[@]}"} redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --logfile "$work/redis.log" &

@@ -62,34 +62,16 @@ fi
 # own: the Redis CPU columns are then what a decision costs a Redis that
 # does not share its CPU (for sizing), while throughput is measured on
 # fewer CPUs. PIN=none (the default): all of them share every CPU. (On a
-# machine with hyperthreads, two CPUs may share one core.)
+# machine with hyperthreads, two CPUs may share one core.) See pin_cpus in
+# bench/lib.sh.
 PIN=${PIN:-none}
-redis_prefix=()
-rest_prefix=()
-case $PIN in
-none) ;;
-redis)
-	read -r -a cpus <<<"$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
-	if [ "${#cpus[@]}" -lt 2 ]; then
-		echo "PIN=redis needs at least 2 CPUs, this run may use ${#cpus[@]}" >&2
-		exit 2
-	fi
-	last=$((${#cpus[@]} - 1))
-	rest=$(IFS=,; echo "${cpus[*]:0:last}")
-	redis_prefix=(taskset -c "${cpus[last]}")
-	rest_prefix=(taskset -c "$rest")
-	;;
-*)
-	echo "PIN: \"$PIN\" is not one of: none, redis" >&2
-	exit 2
-	;;
-esac
 CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-1}
 ROUNDS=${ROUNDS:-3}
 
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+pin_cpus "$PIN"
 need wrk:wrk redis-server:redis-server redis-cli:redis-tools
 
 echo "building cmd/caddy..." >&2

@@ -12,6 +12,14 @@
 #
 #   ./bench/scripts.sh             # 5 rounds of 100 000 calls per row (~4 min)
 #   ROUNDS=9 ./bench/scripts.sh
+#   PIN=none ./bench/scripts.sh    # redis-server and redis-benchmark on every CPU
+#
+# PIN=redis (the default on 2 CPUs or more) runs redis-server on a CPU of
+# its own and redis-benchmark on the others, as a fleet's Redis runs: on
+# two shared CPUs the kernel takes Redis's CPU away in the middle of
+# calls, and a call's time (counted from its start to its end) measured
+# 1.4-2 times as long and varied as much between runs (token_bucket's
+# function: 5.7-6.2 µs pinned, 7.8-13.3 shared).
 #
 # Installs redis-server and redis-tools from Debian packages when missing.
 set -euo pipefail
@@ -19,9 +27,11 @@ cd "$(dirname "$0")/.."
 
 ROUNDS=${ROUNDS:-5}
 CALLS=${CALLS:-100000}
+PIN=${PIN:-$(python3 -c 'import os; print("redis" if len(os.sched_getaffinity(0)) >= 2 else "none")')}
 
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+pin_cpus "$PIN"
 need redis-server:redis-server redis-benchmark:redis-tools
 start_redis
 
@@ -49,17 +59,27 @@ else
 	echo "no redis_rate row: its module's script could not be read" >&2
 fi
 
-# One check on an existing bucket that always allows (the bench_test.go
-# checks): algorithm, limit, window µs, burst, min_interval µs, cost, shadow.
-# The sliding log is 100 per minute, a realistic log, full after a few
-# rounds (denials cost about the same as admissions).
+# One check on an existing bucket that always allows: algorithm, limit,
+# window µs, burst, min_interval µs, cost, shadow. The token bucket and
+# GCRA refill one unit an hour from a burst of a million, so a charged
+# bucket lives on (as the floor's key does) and never runs dry here; at
+# 2^40 units an hour it would be full again, and its key gone, a
+# millisecond after each call, and every call would create it. The sliding
+# log is 100 per minute, a realistic log, full after a few rounds (denials
+# cost about the same as admissions).
 check() {
 	case $1 in
 	sliding_log) echo "sliding_log 100 60000000 0 0 1 0" ;;
+	token_bucket | gcra) echo "$1 1 3600000000 1000000 0 1 0" ;;
 	*) echo "$1 1099511627776 3600000000 0 0 1 0" ;;
 	esac
 }
-key() { echo "rl:$1:{tenant-__rand_int__}:api:GET%20%2Fv1%2Fitems"; }
+# key ALGORITHM: a bucket as a policy without `key` names it (one per
+# tenant and policy, the default with `tenant`); partitioned, as a policy
+# with `key {http.request.method} {http.request.uri.path}` names it (its
+# writes also keep the tenant's partition index, which a reset reads).
+key() { echo "rl:$1:{tenant-__rand_int__}:api"; }
+partitioned_key() { echo "rl:$1:{tenant-__rand_int__}:api:GET%20%2Fv1%2Fitems"; }
 
 # row NAME -> the redis-benchmark arguments of row NAME.
 row() {
@@ -68,6 +88,7 @@ row() {
 	floor) echo "evalsha $floor 1 rl:floor:{tenant-__rand_int__}:api"; return ;;
 	floor/fcall) echo "fcall ${lib}_floor 1 rl:floorf:{tenant-__rand_int__}:api"; return ;;
 	redis_rate) echo "evalsha $rr_sha 1 rr:{tenant-__rand_int__} 1000000000 1000000000 3600 1"; return ;;
+	partitioned/fcall) echo "fcall ${lib}_decide 1 $(partitioned_key token_bucket) decide 0 $(check token_bucket)"; return ;;
 	many/one-call)
 		# 16 independent token_bucket decisions (16 tenants) in one call;
 		# measure divides its time by 16. Against token_bucket/fcall: the
@@ -109,7 +130,7 @@ row() {
 	fi
 }
 
-rows=(floor floor/fcall many/one-call)
+rows=(floor floor/fcall many/one-call partitioned/fcall)
 if [ -n "$rr_sha" ]; then rows+=(redis_rate); fi
 for a in token_bucket gcra sliding_window fixed_window sliding_log concurrency 3-policies; do
 	rows+=("$a/evalsha" "$a/fcall")
@@ -129,7 +150,7 @@ measure() {
 	case $1 in charge/*) keyspace=1000000000 ;; esac
 	cli config resetstat >/dev/null
 	# shellcheck disable=SC2086
-	redis-benchmark -p "$redis_port" -n "$CALLS" -P 16 -c 4 -r "$keyspace" -q $args >/dev/null
+	${rest_prefix[@]+"${rest_prefix[@]}"} redis-benchmark -p "$redis_port" -n "$CALLS" -P 16 -c 4 -r "$keyspace" -q $args >/dev/null
 	local per=1
 	case $1 in many/*) per=16 ;; esac
 	cli info commandstats | tr -d '\r' | awk -F'usec_per_call=' -v c="cmdstat_$cmd:" -v per="$per" 'index($0, c) == 1 { split($2, a, ","); print a[1] / per }'
@@ -153,15 +174,15 @@ done
 cli flushall >/dev/null
 before=$(cli info memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
 # shellcheck disable=SC2046
-redis-benchmark -p "$redis_port" -n 100000 -P 16 -c 4 -r 1000000000 -q $(row charge/once) >/dev/null
+${rest_prefix[@]+"${rest_prefix[@]}"} redis-benchmark -p "$redis_port" -n 100000 -P 16 -c 4 -r 1000000000 -q $(row charge/once) >/dev/null
 after=$(cli info memory | tr -d '\r' | awk -F: '$1 == "used_memory" { print $2 }')
 ids=$(cli dbsize | tr -d '\r')
 results+=("memory $((after - before)) $((ids - 1))")
 
-python3 - "$ROUNDS" "$CALLS" "${results[@]}" <<'PY'
+python3 - "$ROUNDS" "$CALLS" "$PIN" "${results[@]}" <<'PY'
 import sys, statistics
-rounds, calls = sys.argv[1], sys.argv[2]
-rows = [r.split() for r in sys.argv[3:]]
+rounds, calls, pin = sys.argv[1], sys.argv[2], sys.argv[3]
+rows = [r.split() for r in sys.argv[4:]]
 mem = [r for r in rows if r[0] == "memory"]
 rows = [r for r in rows if r[0] != "memory"]
 floor = {rnd: float(us) for rnd, name, us in rows if name == "floor"}
@@ -169,7 +190,8 @@ by = {}
 for rnd, name, us in rows:
     by.setdefault(name, []).append((float(us), float(us) / floor[rnd]))
 med = statistics.median
-print(f"Redis µs per call (INFO commandstats usec_per_call), {rounds} interleaved rounds of {calls} calls, 16 pipelined x 4 connections; medians (range over rounds).")
+where = "redis-server on a CPU of its own" if pin == "redis" else "redis-server and redis-benchmark sharing every CPU"
+print(f"Redis µs per call (INFO commandstats usec_per_call), {rounds} interleaved rounds of {calls} calls, 16 pipelined x 4 connections, {where}; medians (range over rounds).")
 print()
 print("| decision | `EVALSHA` (`functions off`): µs | ratio to the floor | `FCALL` (the default): µs | ratio to the floor |")
 print("|---|---|---|---|---|")
@@ -190,6 +212,8 @@ for a in ["token_bucket", "gcra", "sliding_window", "fixed_window", "sliding_log
     e, er = cell(a + "/evalsha")
     f, fr = cell(a + "/fcall")
     print(f"| {names.get(a, a)} | {e} | {er} | {f} | {fr} |")
+f, fr = cell("partitioned/fcall")
+print(f"| token_bucket, partitioned (`key`) | — | — | {f} | {fr} |")
 print()
 print("| 16 independent token_bucket decisions, `FCALL` | µs per decision | ratio to the floor |")
 print("|---|---|---|")
