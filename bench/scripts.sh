@@ -17,9 +17,10 @@
 # PIN=redis (the default on 2 CPUs or more) runs redis-server on a CPU of
 # its own and redis-benchmark on the others, as a fleet's Redis runs: on
 # two shared CPUs the kernel takes Redis's CPU away in the middle of
-# calls, and a call's time (counted from its start to its end) measured
-# 1.4-2 times as long and varied as much between runs (token_bucket's
-# function: 5.7-6.2 µs pinned, 7.8-13.3 shared).
+# calls, and a call's time is counted from its start to its end, so the
+# same function (token_bucket's) measured anywhere from 7.8 to 13.3 µs
+# between runs. Pinned, a slow round still happens (the host's other
+# tenants), which the medians leave out.
 #
 # Installs redis-server and redis-tools from Debian packages when missing.
 set -euo pipefail
