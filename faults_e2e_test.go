@@ -291,6 +291,16 @@ http://127.0.0.1:{PORT} {
 // in each instance's queue longer than that; they must wait, not time
 // out: no breaker opens, every request is decided by Redis and passes at
 // its turn, and the fleet serves them at the configured rate (within 5%).
+//
+// The rate is bounded from both sides, because the upstream cannot see
+// the first turn: Redis gives it when the first call is decided, some
+// time after the flood starts on a host this busy (a second or more), and
+// requests whose turns passed while their calls waited go on at once, so
+// the first passes bunch up. Measured from the first pass the rate is at
+// least the fleet's, measured from the start of the flood at most; the
+// fleet's rate is within 5% of 100/s when the two rates leave room for
+// it. A fleet that over-admits (each instance its own bucket: 300/s)
+// fails the second; one that serves too slowly fails the first.
 func TestDelayedFloodOnBusyHost(t *testing.T) {
 	redistest.RequireBinaries(t)
 	srv := redistest.StartStandalone(t, redistest.Options{})
@@ -336,6 +346,7 @@ http://127.0.0.1:{PORT} {
 	const n = 2400
 	var ok, other atomic.Int64
 	var wg sync.WaitGroup
+	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
 			req, _ := http.NewRequest(http.MethodGet, fleet[i%3].base+"/", nil)
@@ -359,9 +370,15 @@ http://127.0.0.1:{PORT} {
 	p := slices.Clone(passes)
 	mu.Unlock()
 	slices.SortFunc(p, func(a, b time.Time) int { return a.Compare(b) })
-	var rate float64
+	// fromFirst is at least the fleet's rate, fromStart at most.
+	var fromFirst, fromStart float64
+	var firstAfter time.Duration
+	if len(p) > 0 {
+		firstAfter = p[0].Sub(start).Round(time.Millisecond)
+	}
 	if len(p) > 1 {
-		rate = float64(len(p)-1) / p[len(p)-1].Sub(p[0]).Seconds()
+		fromFirst = float64(len(p)-1) / p[len(p)-1].Sub(p[0]).Seconds()
+		fromStart = float64(len(p)-1) / p[len(p)-1].Sub(start).Seconds()
 	}
 	var opened []string
 	for i, c := range fleet {
@@ -393,14 +410,15 @@ http://127.0.0.1:{PORT} {
 			}
 		}
 	}
-	t.Logf("%d of %d passed (%d not), %d reached the upstream at %.1f/s", ok.Load(), n, other.Load(), len(p), rate)
+	t.Logf("%d of %d passed (%d not), %d reached the upstream at %.1f/s from the first pass, %.1f/s from the start (first pass %v after the start)",
+		ok.Load(), n, other.Load(), len(p), fromFirst, fromStart, firstAfter)
 	if len(opened) > 0 {
 		t.Errorf("the breaker opened on instances %v", opened)
 	}
 	if ok.Load() != n || len(p) != n {
 		t.Errorf("%d of %d passed, %d reached the upstream; want all of them, at their turns", ok.Load(), n, len(p))
 	}
-	if rate < 95 || rate > 105 {
-		t.Errorf("served at %.1f requests/s, want 100/s within 5%%", rate)
+	if fromFirst < 95 || fromStart > 105 {
+		t.Errorf("served at %.1f requests/s from the first pass and %.1f from the start, want 100/s within 5%% between them", fromFirst, fromStart)
 	}
 }
