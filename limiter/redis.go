@@ -815,6 +815,13 @@ const resetChunk = 1000
 // deletes them must not keep it running.
 const resetMaxCalls = 10000
 
+// What each key of a reset is (lua/reset.lua): a bucket, deleted, or a
+// partition index, whose members are deleted.
+var (
+	argResetBucket any = "0"
+	argResetIndex  any = "1"
+)
+
 // Reset implements Store: it deletes the buckets of tenant in each of
 // policies with script calls (lua.Reset; a tenant's keys share one
 // cluster slot). For each policy that is its bucket under every
@@ -835,10 +842,10 @@ func (s *RedisStore) Reset(ctx context.Context, tenant string, policies []string
 	for _, p := range policies {
 		for a := range Algorithm(numAlgorithms) {
 			b = AppendKey(b[:0], s.prefix, a, tenant, p, "")
-			keys, args = append(keys, string(b)), append(args, argZero)
+			keys, args = append(keys, string(b)), append(args, argResetBucket)
 		}
 		b = appendPartIndexKey(b[:0], s.prefix, tenant, p)
-		keys, args = append(keys, string(b)), append(args, argShadow[1])
+		keys, args = append(keys, string(b)), append(args, argResetIndex)
 	}
 	sc := s.getScratch()
 	defer s.putScratch(sc)

@@ -31,16 +31,22 @@ const MissingTenantPolicy = "missing_tenant"
 // for a handler configured with missing_tenant deny, so that increase()
 // sees the first one. Call it before the handler serves.
 func (m *Handler) DeniesMissingTenant() {
-	m.missingTenant = collectors.requests.WithLabelValues(MissingTenantPolicy, decisionNames[decisionDenied])
+	m.missingTenant = missingTenantDenials()
 }
 
 // MissingTenantDenied counts a request refused by missing_tenant deny.
 func (m *Handler) MissingTenantDenied() {
 	c := m.missingTenant
 	if c == nil {
-		c = collectors.requests.WithLabelValues(MissingTenantPolicy, decisionNames[decisionDenied])
+		c = missingTenantDenials()
 	}
 	c.Inc()
+}
+
+// missingTenantDenials is the series of the requests missing_tenant deny
+// refused.
+func missingTenantDenials() prometheus.Counter {
+	return collectors.requests.WithLabelValues(MissingTenantPolicy, decisionNames[decisionDenied])
 }
 
 // PolicyInfo is what NewHandler needs of a policy.

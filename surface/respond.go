@@ -260,14 +260,7 @@ func (h *Server) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replac
 		h.recordDenial(ds, p, it, v, secs)
 	}
 	if h.events != nil {
-		data := map[string]any{
-			"zone":        p.Name,
-			"wait":        wait,
-			"remote_ip":   ip,
-			"policy":      p.Name,
-			"limit":       v.Limit.Limit,
-			"retry_after": secs,
-		}
+		data := exceededEvent(p.Name, wait, ip, v.Limit.Limit, secs)
 		if h.Tenant != "" {
 			data["tenant"] = gate.Loggable(it.Tenant)
 		}
@@ -344,16 +337,9 @@ func (h *Server) denyMissingTenant(w http.ResponseWriter, r *http.Request, repl 
 			zap.String("reason", missingTenantReason), zap.String("template", h.Tenant))
 	}
 	if h.events != nil {
-		h.events.Emit(h.ctx, "rate_limit_exceeded", map[string]any{
-			"zone":        "",
-			"wait":        time.Second,
-			"remote_ip":   ip,
-			"policy":      "",
-			"tenant":      "",
-			"limit":       int64(0),
-			"retry_after": int64(1),
-			"reason":      missingTenantReason,
-		})
+		data := exceededEvent("", time.Second, ip, 0, 1)
+		data["tenant"], data["reason"] = "", missingTenantReason
+		h.events.Emit(h.ctx, "rate_limit_exceeded", data)
 	}
 	return caddyhttp.Error(http.StatusTooManyRequests, errMissingTenant)
 }
@@ -361,6 +347,21 @@ func (h *Server) denyMissingTenant(w http.ResponseWriter, r *http.Request, repl 
 // missingTenantReason is the reason field of a missing_tenant denial's
 // log line and event.
 const missingTenantReason = "missing_tenant"
+
+// exceededEvent is the data every rate_limit_exceeded event carries: the
+// zone (the policy that denied; caddy-ratelimit's name), the wait, the
+// client's IP, the policy, its limit and the Retry-After in seconds.
+// Callers add tenant, key and reason as they apply.
+func exceededEvent(policy string, wait time.Duration, ip string, limit, retryAfter int64) map[string]any {
+	return map[string]any{
+		"zone":        policy,
+		"wait":        wait,
+		"remote_ip":   ip,
+		"policy":      policy,
+		"limit":       limit,
+		"retry_after": retryAfter,
+	}
+}
 
 // logShadowDenial writes the INFO line of a shadow would-deny.
 func (h *Server) logShadowDenial(p *policyRuntime, it *limiter.Item, v *limiter.Verdict) {
