@@ -182,9 +182,13 @@ type leaseEntry struct {
 	baseAt      int64
 	deniedUntil int64
 	flight      *leaseFlight
-	// Demand: requests in the current and previous ttl-long periods.
+	// Demand: requests in the current and previous ttl-long periods, and
+	// the instants of the last few (recent, a ring; recentNext is where
+	// the next goes), which count a thin entry's demand exactly.
 	demandStart, demandCur, demandPrev int64
 	lastSeen                           int64
+	recent                             [leaseRecent]int64
+	recentNext                         uint8
 	// unleasable: the taker refused these checks; decide them directly.
 	unleasable bool
 	// delay: some check may wait for a turn (Rate.Delay). reserveUntil
@@ -683,9 +687,15 @@ func (e *leaseEntry) fill(results []Result, now int64, from Origin) {
 	}
 }
 
+// leaseRecent is how many request instants an entry keeps: below this
+// many requests per ttl, its demand is counted exactly (see want).
+const leaseRecent = 8
+
 // noteDemand counts one request at now.
 func (e *leaseEntry) noteDemand(now int64) {
 	e.lastSeen = now
+	e.recent[e.recentNext%leaseRecent] = now
+	e.recentNext++
 	if d := now - e.demandStart; d >= e.ttl {
 		if d >= 2*e.ttl {
 			e.demandPrev = 0
@@ -699,14 +709,33 @@ func (e *leaseEntry) noteDemand(now int64) {
 }
 
 // want is the size of the next lease: the requests seen over the last
-// ttl (the previous period weighted by its overlap), from 1 to max.
+// ttl, from 1 to max. Fewer than leaseRecent are counted exactly, from
+// their instants; more are estimated from the two ttl-long periods (the
+// previous one weighted by its overlap with the last ttl).
+//
+// The exact count is what keeps a thin entry's leases from expiring: at
+// a request every 0.65 ttl, the last ttl holds two requests (this one
+// and the one before), and a lease of two is spent before it expires.
+// The estimate would say up to three just after a period with two began
+// (all of the previous period still counts), and a lease of three would
+// expire with a unit left, which costs a give-back: one more call, with
+// an id.
 func (e *leaseEntry) want(now int64) int64 {
+	n := int64(0)
+	for _, at := range e.recent {
+		if at != 0 && now-at < e.ttl {
+			n++
+		}
+	}
+	if n < leaseRecent {
+		return min(max(n, 1), e.max)
+	}
 	d := float64(e.demandCur)
 	if e.demandPrev > 0 {
 		frac := float64(now-e.demandStart) / float64(e.ttl)
 		d += float64(e.demandPrev) * max(1-frac, 0)
 	}
-	n := int64(d + 0.999)
+	n = int64(d + 0.999)
 	return min(max(n, 1), e.max)
 }
 

@@ -172,6 +172,44 @@ func TestLeaseThinTail(t *testing.T) {
 	}
 }
 
+// TestLeaseSteadyThinTenant: a tenant seen every 0.65 ttl (the thin tail
+// of bench/run.sh's 10 000 tenants) gets leases of two that are spent
+// before they expire: after its first request (decided), one lease call
+// per two requests and no give-back at all. Counting the demand from
+// period totals instead asked for leases of three after a period with two
+// requests, and every such lease expired with a unit to give back.
+func TestLeaseSteadyThinTenant(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, algo := range leaseAlgorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			f := newLeaseFixture(t, srv, true, 1)
+			c := leaseCheck(algo, "steady-"+algo.String(), 1000, 1000*time.Hour, Lease{Max: 50, TTL: time.Second})
+			checks := []Check{c}
+			res := make([]Result, 1)
+			const requests = 41
+			for i := 1; i <= requests; i++ {
+				if ok, err := f.lease.Decide(bgCtx, checks, res); !ok || err != nil {
+					t.Fatalf("request %d: admitted %v, err %v", i, ok, err)
+				}
+				f.clk.Advance(650 * time.Millisecond)
+				f.lease.Sweep(bgCtx) // as the sweeper would, meanwhile
+			}
+			decides, leases, backs := f.calls.get("decide"), f.calls.get("lease"), f.calls.get("lease_return")
+			if decides != 1 || leases != (requests-1)/2 || backs != 0 {
+				t.Fatalf("%d decide, %d lease and %d give-back calls for %d requests, want 1, %d and 0",
+					decides, leases, backs, requests, (requests-1)/2)
+			}
+			st := f.lease.Stats()["p"]
+			if st.Returned != 0 || st.Expired != 0 || st.Units != 0 || st.Spent != st.Acquired {
+				t.Fatalf("lease stats %+v: every leased unit should be spent", st)
+			}
+			if err := f.redis.Peek(bgCtx, checks, res); err != nil || res[0].Remaining != 1000-requests {
+				t.Fatalf("Redis remaining %d (err %v), want %d", res[0].Remaining, err, 1000-requests)
+			}
+		})
+	}
+}
+
 // TestLeaseShare: a lease never takes more than remaining / (2 x
 // instances), at least one request's worth; nothing once empty.
 func TestLeaseShare(t *testing.T) {
