@@ -61,9 +61,9 @@ type LeaseOptions struct {
 	Instances func() int
 	// Clock tells the time; nil means SystemClock.
 	Clock Clock
-	// SweepInterval is how often expired leases are given back and idle
-	// entries forgotten; 0 means 100ms, negative disables the sweeper
-	// (tests call Sweep).
+	// SweepInterval is how often expired leases are given back; 0 means
+	// 100ms, negative disables the sweeper (tests call Sweep). Entries
+	// idle for two lease TTLs are forgotten within leaseIdleRounds sweeps.
 	SweepInterval time.Duration
 	// GiveBackTimeout bounds the give-backs of Close; 0 means 2s.
 	GiveBackTimeout time.Duration
@@ -138,6 +138,7 @@ type LeaseStore struct {
 	stats   map[string]*leaseCounters
 
 	closed    atomic.Bool
+	sweeps    atomic.Uint64 // Sweep calls, for the shards' turns
 	closeOnce sync.Once
 	stop      chan struct{}
 	done      chan struct{}
@@ -150,7 +151,15 @@ const leaseShards = 32
 type leaseShard struct {
 	mu sync.Mutex
 	m  map[string]*leaseEntry
+	// expiring holds the ends of the shard's leases, for the sweeper.
+	expiring leaseExpiries
 }
+
+// leaseIdleRounds is how many sweeps it takes to look at every entry for
+// idleness: each sweep looks at the entries of 1/leaseIdleRounds of the
+// shards, so an idle entry is forgotten within that many sweeps of being
+// idle for two ttls.
+const leaseIdleRounds = 8
 
 // leaseCounters are a policy's lease units by event.
 type leaseCounters [NumLeaseEvents]atomic.Int64
@@ -165,6 +174,7 @@ type leaseFlight struct {
 // mu is guarded by it.
 type leaseEntry struct {
 	key      string
+	shard    *leaseShard
 	checks   []Check // a copy, for refills and give-backs
 	counters []*leaseCounters
 	max      int64
@@ -320,6 +330,7 @@ func (s *LeaseStore) entry(checks []Check) *leaseEntry {
 	e := sh.m[string(*kb)]
 	if e == nil {
 		e = s.newEntry(string(*kb), checks)
+		e.shard = sh
 		sh.m[e.key] = e
 	}
 	sh.mu.Unlock()
@@ -533,7 +544,10 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 		e.units += g.Requests
 		e.lastGrant, e.prefetched = g.Requests, false
 		e.at = g.At
-		e.expires = max(e.expires, at+int64(g.Expires))
+		if end := at + int64(g.Expires); end > e.expires {
+			e.expires = end
+			e.shard.expiring.push(end, e)
+		}
 		copy(e.base, results)
 		e.baseAt = at
 	}
@@ -614,6 +628,7 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 	e.lastGrant, e.prefetched = g.Requests, false
 	e.at = g.At
 	e.expires = now + int64(g.Expires)
+	e.shard.expiring.push(e.expires, e)
 	for i := range results[:len(checks)] {
 		results[i].Remaining += e.units * checks[i].Cost
 		results[i].From = OriginStore
@@ -806,31 +821,57 @@ type giveBackJob struct {
 	at    int64
 }
 
-// Sweep gives back the leases that expired unused and forgets entries
-// idle for more than two lease TTLs. The sweeper calls it; tests may too.
+// Sweep gives back the leases that expired unused, and forgets the
+// entries idle for more than two lease TTLs among 1/leaseIdleRounds of the
+// shards (each entry is looked at once every leaseIdleRounds calls). The
+// sweeper calls it; tests may too. What it costs follows the leases that
+// ended since the last call and the entries of the shards it looks at for
+// idleness, not every entry on every call.
 func (s *LeaseStore) Sweep(ctx context.Context) {
 	now := s.clock.Now().UnixNano()
+	round := s.sweeps.Add(1)
 	var jobs []giveBackJob
+	var due []*leaseEntry
 	for i := range s.shards {
 		sh := &s.shards[i]
-		sh.mu.Lock()
-		for k, e := range sh.m {
+		due = sh.expiring.popDue(now, due[:0])
+		for _, e := range due {
 			e.mu.Lock()
-			if e.flight == nil {
-				if e.units > 0 && now >= e.expires {
-					jobs = append(jobs, giveBackJob{e, e.units, e.at})
-					e.units = 0
-				}
-				if e.units == 0 && now >= e.deniedUntil && now-e.lastSeen > 2*e.ttl {
-					e.dead = true
-					delete(sh.m, k)
-				}
+			switch {
+			case e.dead || e.units == 0 || now < e.expires:
+				// Spent, forgotten, or extended by a later grant, which
+				// recorded its own end.
+			case e.flight != nil:
+				// A refill gives the units back itself; a prefetch may
+				// extend the lease. Look again at the next sweep.
+				sh.expiring.push(now, e)
+			default:
+				jobs = append(jobs, giveBackJob{e, e.units, e.at})
+				e.units = 0
 			}
 			e.mu.Unlock()
 		}
-		sh.mu.Unlock()
+		if (uint64(i)+round)%leaseIdleRounds == 0 {
+			forgetIdle(sh, now)
+		}
 	}
+	clear(due)
 	s.giveBackAll(ctx, jobs)
+}
+
+// forgetIdle drops the entries of sh that hold nothing and were not seen
+// for more than two lease TTLs.
+func forgetIdle(sh *leaseShard, now int64) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for k, e := range sh.m {
+		e.mu.Lock()
+		if e.flight == nil && e.units == 0 && now >= e.deniedUntil && now-e.lastSeen > 2*e.ttl {
+			e.dead = true
+			delete(sh.m, k)
+		}
+		e.mu.Unlock()
+	}
 }
 
 // giveBackAll returns the units of jobs to the store, one call each.

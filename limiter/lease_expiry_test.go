@@ -1,0 +1,156 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// TestLeaseExpiriesOrder: popDue hands out the entries whose leases ended,
+// earliest first, and keeps the others, whatever order they came in.
+func TestLeaseExpiriesOrder(t *testing.T) {
+	var q leaseExpiries
+	entries := make([]*leaseEntry, 100)
+	for i := range entries {
+		entries[i] = &leaseEntry{key: fmt.Sprint(i)}
+	}
+	// Pushed in a scrambled order: entry i ends at i.
+	for i := range entries {
+		j := (i * 37) % len(entries)
+		q.push(int64(j), entries[j])
+	}
+	due := q.popDue(49, nil)
+	if len(due) != 50 || q.len() != 50 {
+		t.Fatalf("%d due and %d left at 49, want 50 and 50", len(due), q.len())
+	}
+	for i, e := range due {
+		if e != entries[i] {
+			t.Fatalf("due[%d] is entry %s, want %d", i, e.key, i)
+		}
+	}
+	if due = q.popDue(48, due[:0]); len(due) != 0 {
+		t.Fatalf("%d due at 48 after 49 was swept", len(due))
+	}
+	due = q.popDue(1000, due[:0])
+	if len(due) != 50 || q.len() != 0 || due[0] != entries[50] || due[49] != entries[99] {
+		t.Fatalf("%d due at 1000 (first %s, last %s), %d left", len(due), due[0].key, due[49].key, q.len())
+	}
+}
+
+// entryCount is the number of entries a LeaseStore keeps.
+func entryCount(s *LeaseStore) int {
+	n := 0
+	for i := range s.shards {
+		s.shards[i].mu.Lock()
+		n += len(s.shards[i].m)
+		s.shards[i].mu.Unlock()
+	}
+	return n
+}
+
+// expiringCount is the number of lease ends a LeaseStore has recorded.
+func expiringCount(s *LeaseStore) int {
+	n := 0
+	for i := range s.shards {
+		n += s.shards[i].expiring.len()
+	}
+	return n
+}
+
+// TestLeaseSweepIdleAndExpired: the sweeper gives back an expired lease at
+// the first sweep after it ends, through the lease ends it recorded (none
+// is left over once they have passed), and forgets an entry idle for more
+// than two ttls within leaseIdleRounds sweeps, never one seen since.
+func TestLeaseSweepIdleAndExpired(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	f := newLeaseFixture(t, srv, true, 1)
+	lease := Lease{Max: 50, TTL: time.Second}
+	res := make([]Result, 1)
+	check := func(i int) []Check {
+		return []Check{leaseCheck(TokenBucket, fmt.Sprintf("sweep-%d", i), 1000, 1000*time.Hour, lease)}
+	}
+	decide := func(i int) {
+		t.Helper()
+		if ok, err := f.lease.Decide(bgCtx, check(i), res); !ok || err != nil {
+			t.Fatalf("tenant %d: admitted %v, err %v", i, ok, err)
+		}
+	}
+	const tenants = 40
+	// Each tenant twice at one instant: the second request takes a lease
+	// of two and leaves one unit.
+	for i := range tenants {
+		decide(i)
+		decide(i)
+	}
+	if n := entryCount(f.lease); n != tenants {
+		t.Fatalf("%d entries, want %d", n, tenants)
+	}
+	if st := f.lease.Stats()["p"]; st.Units != tenants || expiringCount(f.lease) != tenants {
+		t.Fatalf("%d units held and %d lease ends recorded, want %d and %d", st.Units, expiringCount(f.lease), tenants, tenants)
+	}
+	// Before the leases end, sweeping gives nothing back and forgets
+	// nothing.
+	for range leaseIdleRounds {
+		f.lease.Sweep(bgCtx)
+	}
+	if st := f.lease.Stats()["p"]; st.Units != tenants || st.Returned != 0 || entryCount(f.lease) != tenants {
+		t.Fatalf("before the leases end: %+v, %d entries", st, entryCount(f.lease))
+	}
+	// One sweep after they end gives every lease back.
+	f.clk.Advance(1100 * time.Millisecond)
+	f.lease.Sweep(bgCtx)
+	if st := f.lease.Stats()["p"]; st.Units != 0 || st.Returned != tenants || expiringCount(f.lease) != 0 {
+		t.Fatalf("one sweep after the leases ended: %+v, %d lease ends left", st, expiringCount(f.lease))
+	}
+	if err := f.redis.Peek(bgCtx, check(0), res); err != nil || res[0].Remaining != 998 {
+		t.Fatalf("Redis remaining %d (err %v), want 998", res[0].Remaining, err)
+	}
+	// Idle for more than two ttls, except tenant 0: every other entry is
+	// forgotten within leaseIdleRounds sweeps.
+	f.clk.Advance(1500 * time.Millisecond)
+	decide(0)
+	f.clk.Advance(500 * time.Millisecond)
+	for range leaseIdleRounds {
+		f.lease.Sweep(bgCtx)
+	}
+	if n := entryCount(f.lease); n != 1 {
+		t.Fatalf("%d entries after %d sweeps, want 1 (the tenant seen within two ttls)", n, leaseIdleRounds)
+	}
+}
+
+// grantingTaker grants every lease in full, without a store: for
+// measuring the lease cache alone.
+type grantingTaker struct{}
+
+func (grantingTaker) Lease(_ context.Context, req *LeaseRequest, results []Result) (LeaseGrant, error) {
+	for i := range req.Checks {
+		results[i] = Result{Allowed: true, Remaining: 1 << 30}
+	}
+	return LeaseGrant{Requests: req.Want, Expires: req.TTL}, nil
+}
+
+// BenchmarkLeaseSweep: one sweep of a store that keeps 10 000 entries (a
+// thin tenant each, every one holding a lease that has not ended): what
+// the sweeper costs, ten times a second, on an instance serving a wide
+// tenant population.
+func BenchmarkLeaseSweep(b *testing.B) {
+	clk := newManualClock(baseTime)
+	s := NewLeaseStore(LeaseOptions{Store: NewMemoryStore(MemoryOptions{Clock: clk}), Taker: grantingTaker{}, Clock: clk, SweepInterval: -1})
+	defer s.Close()
+	res := make([]Result, 1)
+	for i := range 10000 {
+		c := []Check{{Algorithm: TokenBucket, Tenant: fmt.Sprint("t", i), Policy: "p", Rate: Rate{Limit: 1 << 30, Window: time.Hour}, Cost: 1, Lease: Lease{Max: 50, TTL: time.Hour}}}
+		for range 2 {
+			if ok, err := s.Decide(bgCtx, c, res); !ok || err != nil {
+				b.Fatal(ok, err)
+			}
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		s.Sweep(bgCtx)
+	}
+}
