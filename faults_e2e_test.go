@@ -6,6 +6,7 @@ package tollgate
 // restart; and a breaker that must tell a slow Redis from a busy host.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -234,12 +235,11 @@ func TestSettlementDebtSurvivesKill(t *testing.T) {
 	}
 }
 
-// TestBreakerClosesWithoutTraffic: an instance whose breaker opened while
-// Redis was paused reports it closed again within its cooldown of Redis
-// answering, though no request comes to probe it.
-func TestBreakerClosesWithoutTraffic(t *testing.T) {
-	redistest.RequireBinaries(t)
-	srv := redistest.StartStandalone(t, redistest.Options{})
+// tenantsOnRedis runs the built Caddy with one policy "api" of 100
+// requests per window for each X-Tenant, on the Redis at addr with
+// redisExtra in its redis block.
+func tenantsOnRedis(t *testing.T, addr, redisExtra, window string) *caddyProcess {
+	t.Helper()
 	p := startCaddyProcess(t, fmt.Sprintf(`{
 	admin 127.0.0.1:{ADMIN}
 	auto_https off
@@ -249,18 +249,28 @@ http://127.0.0.1:{PORT} {
 	rate_limit {
 		redis {
 			address %s
-			breaker_cooldown 2s
+			%s
 		}
 		tenant {http.request.header.X-Tenant}
 		policy api {
 			limit 100
-			window 1m
+			window %s
 		}
 	}
 	respond "ok"
 }
-`, srv.Addr))
+`, addr, redisExtra, window))
 	p.caddyServer.admin = fmt.Sprintf("127.0.0.1:%d", p.admin)
+	return p
+}
+
+// TestBreakerClosesWithoutTraffic: an instance whose breaker opened while
+// Redis was paused reports it closed again within its cooldown of Redis
+// answering, though no request comes to probe it.
+func TestBreakerClosesWithoutTraffic(t *testing.T) {
+	redistest.RequireBinaries(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	p := tenantsOnRedis(t, srv.Addr, "breaker_cooldown 2s", "1m")
 	p.get("/", "X-Tenant", "acme") // connected
 	srv.Pause()
 	for range 5 {
@@ -420,5 +430,91 @@ http://127.0.0.1:{PORT} {
 	}
 	if fromFirst < 95 || fromStart > 105 {
 		t.Errorf("served at %.1f requests/s from the first pass and %.1f from the start, want 100/s within 5%% between them", fromFirst, fromStart)
+	}
+}
+
+// TestClientGoneDuringDecision: clients that go away while their decision
+// waits for Redis (paused, SIGSTOP, with a timeout longer than the
+// clients wait) are not a store failure. Their requests are not decided by
+// the fail mode, which counted them fallback_allowed and, once Redis
+// answered again, charged them to it through the recorder: on top of the
+// call that was already on the wire and ran when Redis resumed. Nor are
+// the calls they left counted as Redis errors, nor by the breaker.
+//
+// Which calls reach Redis is made certain by the batcher's two batches in
+// flight: a client that stays takes the first, one that goes away the
+// second (its call is written, Redis runs it on resuming: charged once),
+// and five more that go away wait in the queue behind them, never sent
+// (charged nothing).
+func TestClientGoneDuringDecision(t *testing.T) {
+	redistest.RequireBinaries(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	p := tenantsOnRedis(t, srv.Addr, "timeout 5s", "1h")
+	if r := p.get("/", "X-Tenant", "acme"); r.status != http.StatusOK {
+		t.Fatalf("first request: %d", r.status)
+	}
+	// send sends a request that waits at most wait for its answer, and
+	// reports its status (0: it went away).
+	send := func(wait time.Duration, status chan<- int) {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.base+"/", nil)
+		req.Header.Set("X-Tenant", "acme")
+		res, err := testClient.Do(req)
+		if err != nil {
+			status <- 0
+			return
+		}
+		res.Body.Close()
+		status <- res.StatusCode
+	}
+	srv.Pause()
+	stayed, inFlight, queued := make(chan int, 1), make(chan int, 1), make(chan int, 5)
+	go send(20*time.Second, stayed)
+	time.Sleep(150 * time.Millisecond)
+	go send(600*time.Millisecond, inFlight)
+	time.Sleep(150 * time.Millisecond)
+	for range 5 {
+		go send(300*time.Millisecond, queued)
+	}
+	for range 5 {
+		if s := <-queued; s != 0 {
+			t.Errorf("a request answered %d while Redis was paused", s)
+		}
+	}
+	if s := <-inFlight; s != 0 {
+		t.Errorf("a request answered %d while Redis was paused", s)
+	}
+	time.Sleep(200 * time.Millisecond) // the handlers see their clients gone
+	srv.Resume()
+	if s := <-stayed; s != http.StatusOK {
+		t.Fatalf("the request that waited for Redis: %d", s)
+	}
+	if r := p.get("/", "X-Tenant", "acme"); r.status != http.StatusOK {
+		t.Fatalf("request after Redis resumed: %d", r.status)
+	}
+	fams := p.metrics()
+	for _, decision := range []string{"fallback_allowed", "fallback_denied", "failed_open", "failed_closed"} {
+		if v, _ := metricValue(fams, "caddy_rate_limit_requests_total", map[string]string{"policy": "api", "decision": decision}); v != 0 {
+			t.Errorf("requests_total{decision=%q} = %v: clients that went away were decided by the fail mode", decision, v)
+		}
+	}
+	if v, _ := metricValue(fams, "caddy_rate_limit_requests_total", map[string]string{"policy": "api", "decision": "allowed"}); v != 3 {
+		t.Errorf("requests_total{decision=\"allowed\"} = %v, want 3 (the requests whose clients stayed)", v)
+	}
+	for _, result := range []string{"error", "timeout"} {
+		if v, _ := metricValue(fams, "caddy_rate_limit_redis_calls_total", map[string]string{"script": "decide", "result": result}); v != 0 {
+			t.Errorf("redis_calls_total{result=%q} = %v for calls whose clients went away", result, v)
+		}
+	}
+	if p.breakerOpen() {
+		t.Error("the breaker opened for clients that went away")
+	}
+	// What Redis holds: the three requests served and the one whose call
+	// was on the wire. Give a recorder that would charge the fail mode's
+	// admissions time to do it.
+	time.Sleep(1500 * time.Millisecond)
+	if got := p.remaining("acme")["api"]; got != 100-4 {
+		t.Errorf("Redis remaining %d, want %d: 3 requests served and 1 whose call ran, each charged once", got, 100-4)
 	}
 }

@@ -181,7 +181,7 @@ func classify(ctx context.Context, err error) outcome {
 	switch {
 	case err == nil:
 		return outcomeOK
-	case ctx.Err() != nil, errors.Is(err, ErrInvalidCheck), errors.Is(err, errShortResults), errors.Is(err, ErrBreakerOpen),
+	case CallerLeft(ctx, err), errors.Is(err, ErrInvalidCheck), errors.Is(err, errShortResults), errors.Is(err, ErrBreakerOpen),
 		errors.Is(err, ErrLeaseUnsupported), errors.Is(err, ErrQueueTimeout):
 		// A nested breaker's refusal is not a new failure of the store
 		// either: its own breaker counted those. Nor is a call shed from

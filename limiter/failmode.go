@@ -99,6 +99,15 @@ func (r Rate) scaled(f float64) Rate {
 	return r
 }
 
+// CallerLeft reports whether a store call that returned err ended with
+// its caller gone: ctx was cancelled (a client that disconnected) or ran
+// out of the caller's own deadline. That says nothing about the store: no
+// fail mode decides in its place, the breaker counts it neither way, and
+// the call is not reported as failed.
+func CallerLeft(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() != nil
+}
+
 // DecideOrFallback is Decide, and when the store fails it decides each
 // counted item by its policy's FailMode instead: FailOpen admits, FailClosed
 // denies (RetryAfter FailedClosedRetryAfter), FailLocal asks fb.Store with
@@ -110,12 +119,17 @@ func (r Rate) scaled(f float64) Rate {
 //
 // Bad input is never a store failure: when the store refused the checks as
 // invalid (ErrInvalidCheck) no fail mode applies and the error is returned
-// with d holding no results. And a fail mode never admits what the store
-// could never admit: an item whose cost exceeds its bucket's capacity (a
-// cost beyond MaxCount included) is denied whatever its FailMode.
+// with d holding no results. Nor is a caller that went away (CallerLeft):
+// its error is returned and nothing is decided, so a client that
+// disconnects while its call waits for the store is neither admitted by a
+// fail mode nor charged by the recorder for it (the call itself, if it
+// was sent, may still run: the request is then charged once, by it). And
+// a fail mode never admits what the store could never admit: an item
+// whose cost exceeds its bucket's capacity (a cost beyond MaxCount
+// included) is denied whatever its FailMode.
 func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallback, items []Item) error {
 	err := d.Decide(ctx, store, items)
-	if err == nil || errors.Is(err, ErrInvalidCheck) {
+	if err == nil || errors.Is(err, ErrInvalidCheck) || CallerLeft(ctx, err) {
 		return err
 	}
 	d.decidedBy = fb.Store

@@ -666,7 +666,8 @@ func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript
 		cancel()
 		took = time.Since(start)
 	}
-	if s.observe != nil {
+	if s.observe != nil && !CallerLeft(ctx, err) {
+		// A call its caller left says nothing of Redis: not a failure.
 		s.observe(rs.name, callResult(err), took)
 	}
 	if err != nil {

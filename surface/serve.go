@@ -138,6 +138,11 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}
 	start := h.decisionStart()
 	err := h.gate.Store.Decide(r.Context(), d, st.items)
+	if limiter.CallerLeft(r.Context(), err) {
+		// The client went away while its call waited for the store:
+		// nothing was decided, nothing is counted.
+		return caddyhttp.Error(statusClientClosedRequest, fmt.Errorf("rate limit: client went away before its decision: %w", err))
+	}
 	if err != nil && !errors.Is(err, limiter.ErrInvalidCheck) {
 		// The store failed and the fail modes decided: d is complete.
 		h.storeFailed(err)
