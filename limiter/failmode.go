@@ -102,8 +102,8 @@ func (r Rate) scaled(f float64) Rate {
 // CallerLeft reports whether a store call that returned err ended with
 // its caller gone: ctx was cancelled (a client that disconnected) or ran
 // out of the caller's own deadline. That says nothing about the store: no
-// fail mode decides in its place, the breaker counts it neither way, and
-// the call is not reported as failed.
+// fail mode decides in its place and the breaker counts it neither way
+// (RedisStore does not report a cancelled call to Observe either).
 func CallerLeft(ctx context.Context, err error) bool {
 	return err != nil && ctx.Err() != nil
 }

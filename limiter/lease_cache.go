@@ -199,6 +199,9 @@ type leaseEntry struct {
 	lastSeen                           int64
 	recent                             [leaseRecent]int64
 	recentNext                         uint8
+	// queued is the end (local ns) the shard's expiring heap holds for
+	// this entry, 0 for none: one item per entry (see watchEnd).
+	queued int64
 	// unleasable: the taker refused these checks; decide them directly.
 	unleasable bool
 	// delay: some check may wait for a turn (Rate.Delay). reserveUntil
@@ -546,7 +549,7 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 		e.at = g.At
 		if end := at + int64(g.Expires); end > e.expires {
 			e.expires = end
-			e.shard.expiring.push(end, e)
+			e.watchEnd()
 		}
 		copy(e.base, results)
 		e.baseAt = at
@@ -628,7 +631,7 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 	e.lastGrant, e.prefetched = g.Requests, false
 	e.at = g.At
 	e.expires = now + int64(g.Expires)
-	e.shard.expiring.push(e.expires, e)
+	e.watchEnd()
 	for i := range results[:len(checks)] {
 		results[i].Remaining += e.units * checks[i].Cost
 		results[i].From = OriginStore
@@ -831,19 +834,29 @@ func (s *LeaseStore) Sweep(ctx context.Context) {
 	now := s.clock.Now().UnixNano()
 	round := s.sweeps.Add(1)
 	var jobs []giveBackJob
-	var due []*leaseEntry
+	var due []leaseExpiry
 	for i := range s.shards {
 		sh := &s.shards[i]
 		due = sh.expiring.popDue(now, due[:0])
-		for _, e := range due {
+		for _, x := range due {
+			e := x.e
 			e.mu.Lock()
+			if x.at != e.queued {
+				// Superseded by an earlier end (watchEnd).
+				e.mu.Unlock()
+				continue
+			}
+			e.queued = 0
 			switch {
-			case e.dead || e.units == 0 || now < e.expires:
-				// Spent, forgotten, or extended by a later grant, which
-				// recorded its own end.
+			case e.dead || e.units == 0:
+				// Spent or forgotten.
+			case now < e.expires:
+				// Extended by a later grant: watch its end.
+				e.watchEnd()
 			case e.flight != nil:
 				// A refill gives the units back itself; a prefetch may
 				// extend the lease. Look again at the next sweep.
+				e.queued = now
 				sh.expiring.push(now, e)
 			default:
 				jobs = append(jobs, giveBackJob{e, e.units, e.at})
@@ -857,6 +870,23 @@ func (s *LeaseStore) Sweep(ctx context.Context) {
 	}
 	clear(due)
 	s.giveBackAll(ctx, jobs)
+}
+
+// watchEnd has the sweeper visit e when its lease ends (e.expires). An
+// entry has one item in its shard's heap at a time, so the heap holds at
+// most one per entry however often a busy entry is refilled: a later end
+// is left to the item already there, which the sweeper moves on when it
+// comes due (a lease of 2 units with a one-hour ttl, refilled 100 000
+// times a second, would otherwise leave an item per refill for an hour).
+// An earlier end (a window's lease, cut at the window's end) gets an item
+// of its own; the one it supersedes is skipped when it comes due. Called
+// with e.mu held.
+func (e *leaseEntry) watchEnd() {
+	if e.queued != 0 && e.queued <= e.expires {
+		return
+	}
+	e.queued = e.expires
+	e.shard.expiring.push(e.expires, e)
 }
 
 // forgetIdle drops the entries of sh that hold nothing and were not seen

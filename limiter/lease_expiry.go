@@ -9,9 +9,9 @@ import "sync"
 // second was 3.5% of Caddy's CPU with `lease 50` over 10 000 thin tenants
 // in bench/run.sh, most of it touching entries that held nothing.)
 //
-// An entry is pushed each time a grant sets or extends its expiry. A later
-// grant leaves the earlier item behind; the sweeper finds it stale (the
-// entry now ends later, and was pushed again for that) and drops it.
+// An entry has one item at a time (leaseEntry.watchEnd): a grant that ends
+// its lease later leaves the item where it is, and the sweeper, finding
+// the lease not ended yet, moves the item to the new end.
 //
 // mu is taken after an entry's lock, never before one: push is called with
 // the entry locked, and popDue hands the entries out unlocked.
@@ -42,13 +42,13 @@ func (q *leaseExpiries) push(at int64, e *leaseEntry) {
 	}
 }
 
-// popDue removes the leases that end at or before now and appends their
-// entries to due, earliest first.
-func (q *leaseExpiries) popDue(now int64, due []*leaseEntry) []*leaseEntry {
+// popDue removes the leases that end at or before now and appends them to
+// due, earliest first.
+func (q *leaseExpiries) popDue(now int64, due []leaseExpiry) []leaseExpiry {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for len(q.items) > 0 && q.items[0].at <= now {
-		due = append(due, q.items[0].e)
+		due = append(due, q.items[0])
 		n := len(q.items) - 1
 		q.items[0] = q.items[n]
 		q.items[n] = leaseExpiry{} // let go of the entry

@@ -26,17 +26,17 @@ func TestLeaseExpiriesOrder(t *testing.T) {
 	if len(due) != 50 || q.len() != 50 {
 		t.Fatalf("%d due and %d left at 49, want 50 and 50", len(due), q.len())
 	}
-	for i, e := range due {
-		if e != entries[i] {
-			t.Fatalf("due[%d] is entry %s, want %d", i, e.key, i)
+	for i, x := range due {
+		if x.e != entries[i] || x.at != int64(i) {
+			t.Fatalf("due[%d] is entry %s at %d, want %d", i, x.e.key, x.at, i)
 		}
 	}
 	if due = q.popDue(48, due[:0]); len(due) != 0 {
 		t.Fatalf("%d due at 48 after 49 was swept", len(due))
 	}
 	due = q.popDue(1000, due[:0])
-	if len(due) != 50 || q.len() != 0 || due[0] != entries[50] || due[49] != entries[99] {
-		t.Fatalf("%d due at 1000 (first %s, last %s), %d left", len(due), due[0].key, due[49].key, q.len())
+	if len(due) != 50 || q.len() != 0 || due[0].e != entries[50] || due[49].e != entries[99] {
+		t.Fatalf("%d due at 1000 (first %s, last %s), %d left", len(due), due[0].e.key, due[49].e.key, q.len())
 	}
 }
 
@@ -118,6 +118,38 @@ func TestLeaseSweepIdleAndExpired(t *testing.T) {
 	}
 	if n := entryCount(f.lease); n != 1 {
 		t.Fatalf("%d entries after %d sweeps, want 1 (the tenant seen within two ttls)", n, leaseIdleRounds)
+	}
+}
+
+// TestLeaseExpiriesOnePerEntry: however often a busy entry is refilled,
+// the sweeper's heap holds one item for it, and its lease is still given
+// back when it ends. (An item per grant made a lease of 2 units with a
+// one-hour ttl leave 100 000 items behind 200 000 requests.)
+func TestLeaseExpiriesOnePerEntry(t *testing.T) {
+	clk := newManualClock(baseTime)
+	s := NewLeaseStore(LeaseOptions{Store: NewMemoryStore(MemoryOptions{Clock: clk}), Taker: grantingTaker{}, Clock: clk, SweepInterval: -1})
+	defer s.Close()
+	c := []Check{{Algorithm: TokenBucket, Tenant: "busy", Policy: "p", Rate: Rate{Limit: 1 << 30, Window: time.Hour}, Cost: 1, Lease: Lease{Max: 2, TTL: time.Hour}}}
+	res := make([]Result, 1)
+	for i := range 2000 {
+		if ok, err := s.Decide(bgCtx, c, res); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		if i%100 == 0 {
+			clk.Advance(time.Minute)
+			s.Sweep(bgCtx)
+		}
+	}
+	if n := expiringCount(s); n != 1 {
+		t.Fatalf("%d lease ends recorded for one entry, want 1", n)
+	}
+	if s.Stats()["p"].Units != 1 {
+		t.Fatalf("units held %d, want 1 (a lease of 2, one spent)", s.Stats()["p"].Units)
+	}
+	clk.Advance(time.Hour)
+	s.Sweep(bgCtx)
+	if st := s.Stats()["p"]; st.Units != 0 || st.Returned != 1 || expiringCount(s) != 0 {
+		t.Fatalf("after the lease ended: %+v, %d lease ends left", st, expiringCount(s))
 	}
 }
 

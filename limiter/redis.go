@@ -666,8 +666,7 @@ func (s *RedisStore) eval(ctx context.Context, sc *redisScratch, rs *redisScript
 		cancel()
 		took = time.Since(start)
 	}
-	if s.observe != nil && !CallerLeft(ctx, err) {
-		// A call its caller left says nothing of Redis: not a failure.
+	if s.observe != nil && !callerCancelled(ctx, err) {
 		s.observe(rs.name, callResult(err), took)
 	}
 	if err != nil {
@@ -740,6 +739,15 @@ func (s *RedisStore) putScratch(sc *redisScratch) {
 
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// callerCancelled reports a call that failed because its caller cancelled
+// it (a client that went away): that says nothing of Redis, so Observe
+// does not hear of it. A call that ran out of its caller's own deadline (a
+// recorder flush, the give-backs of Close) is still reported, as a
+// timeout: Redis may be what made it late.
+func callerCancelled(ctx context.Context, err error) bool {
+	return err != nil && errors.Is(ctx.Err(), context.Canceled)
 }
 
 // callResult classifies the outcome of a call for Observe.
