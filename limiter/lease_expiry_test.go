@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -151,6 +153,77 @@ func TestLeaseExpiriesOnePerEntry(t *testing.T) {
 	if st := s.Stats()["p"]; st.Units != 0 || st.Returned != 1 || expiringCount(s) != 0 {
 		t.Fatalf("after the lease ended: %+v, %d lease ends left", st, expiringCount(s))
 	}
+}
+
+// TestLeaseSweepDuringPrefetch: a lease that ends while its prefetch is
+// on the wire is looked at again at the next sweep, so when the prefetch
+// fails (nothing extends the lease) its units still go back.
+func TestLeaseSweepDuringPrefetch(t *testing.T) {
+	clk := newManualClock(baseTime)
+	taker := &gatedTaker{held: make(chan struct{}), release: make(chan error)}
+	s := NewLeaseStore(LeaseOptions{Store: NewMemoryStore(MemoryOptions{Clock: clk}), Taker: taker, Clock: clk, SweepInterval: -1})
+	defer s.Close()
+	c := []Check{{Algorithm: TokenBucket, Tenant: "prefetching", Policy: "p", Rate: Rate{Limit: 1 << 30, Window: time.Hour}, Cost: 1, Lease: Lease{Max: 8, TTL: time.Second}}}
+	res := make([]Result, 1)
+	decide := func() {
+		if ok, err := s.Decide(bgCtx, c, res); !ok || err != nil {
+			t.Error(ok, err)
+		}
+	}
+	for s.entry(c).lastGrant < 8 {
+		decide()
+	}
+	// Spend down to 3 left: the next request leaves 2 (8/4) and prefetches.
+	for s.Stats()["p"].Units > 3 {
+		decide()
+	}
+	taker.hold.Store(true)
+	prefetching := make(chan struct{})
+	go func() {
+		defer close(prefetching)
+		decide()
+	}()
+	select {
+	case <-taker.held:
+	case <-prefetching:
+		t.Fatal("no prefetch")
+	}
+	clk.Advance(1100 * time.Millisecond)
+	held := func() int64 {
+		e := s.entry(c)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.units
+	}
+	s.Sweep(bgCtx) // the lease ended, its prefetch is in flight
+	if n, st := held(), s.Stats()["p"]; n != 2 || st.Returned != 0 {
+		taker.release <- nil
+		t.Fatalf("while the prefetch is in flight: %d units held, %+v; want 2 held", n, st)
+	}
+	taker.release <- errors.New("the store failed")
+	<-prefetching
+	s.Sweep(bgCtx)
+	if n, st := held(), s.Stats()["p"]; n != 0 || st.Returned != 2 || expiringCount(s) != 0 {
+		t.Fatalf("after the prefetch failed: %d units held, %+v, %d lease ends left; want the 2 units given back", n, st, expiringCount(s))
+	}
+}
+
+// gatedTaker grants every lease in full, but while hold is set a call
+// that takes units waits for release and fails with what it sends.
+type gatedTaker struct {
+	hold    atomic.Bool
+	held    chan struct{}
+	release chan error
+}
+
+func (g *gatedTaker) Lease(ctx context.Context, req *LeaseRequest, results []Result) (LeaseGrant, error) {
+	if req.Want > 0 && g.hold.Load() {
+		g.held <- struct{}{}
+		if err := <-g.release; err != nil {
+			return LeaseGrant{}, err
+		}
+	}
+	return grantingTaker{}.Lease(ctx, req, results)
 }
 
 // grantingTaker grants every lease in full, without a store: for
