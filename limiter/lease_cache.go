@@ -200,7 +200,7 @@ type leaseEntry struct {
 	recent                             [leaseRecent]int64
 	recentNext                         uint8
 	// queued is the end (local ns) the shard's expiring heap holds for
-	// this entry, 0 for none: one item per entry (see watchEnd).
+	// this entry, 0 for none: one item per entry (see watch).
 	queued int64
 	// unleasable: the taker refused these checks; decide them directly.
 	unleasable bool
@@ -549,7 +549,7 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 		e.at = g.At
 		if end := at + int64(g.Expires); end > e.expires {
 			e.expires = end
-			e.watchEnd()
+			e.watch(e.expires)
 		}
 		copy(e.base, results)
 		e.baseAt = at
@@ -631,7 +631,7 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 	e.lastGrant, e.prefetched = g.Requests, false
 	e.at = g.At
 	e.expires = now + int64(g.Expires)
-	e.watchEnd()
+	e.watch(e.expires)
 	for i := range results[:len(checks)] {
 		results[i].Remaining += e.units * checks[i].Cost
 		results[i].From = OriginStore
@@ -842,7 +842,7 @@ func (s *LeaseStore) Sweep(ctx context.Context) {
 			e := x.e
 			e.mu.Lock()
 			if x.at != e.queued {
-				// Superseded by an earlier end (watchEnd).
+				// Superseded by an earlier end (watch).
 				e.mu.Unlock()
 				continue
 			}
@@ -852,12 +852,11 @@ func (s *LeaseStore) Sweep(ctx context.Context) {
 				// Spent or forgotten.
 			case now < e.expires:
 				// Extended by a later grant: watch its end.
-				e.watchEnd()
+				e.watch(e.expires)
 			case e.flight != nil:
 				// A refill gives the units back itself; a prefetch may
 				// extend the lease. Look again at the next sweep.
-				e.queued = now
-				sh.expiring.push(now, e)
+				e.watch(now)
 			default:
 				jobs = append(jobs, giveBackJob{e, e.units, e.at})
 				e.units = 0
@@ -872,21 +871,22 @@ func (s *LeaseStore) Sweep(ctx context.Context) {
 	s.giveBackAll(ctx, jobs)
 }
 
-// watchEnd has the sweeper visit e when its lease ends (e.expires). An
-// entry has one item in its shard's heap at a time, so the heap holds at
-// most one per entry however often a busy entry is refilled: a later end
+// watch has the sweeper visit e at at: when its lease ends, or at the
+// next sweep. An entry has one item in its shard's heap at a time, so the
+// heap holds at most one per entry however often a busy entry is
+// refilled: a later end
 // is left to the item already there, which the sweeper moves on when it
 // comes due (a lease of 2 units with a one-hour ttl, refilled 100 000
 // times a second, would otherwise leave an item per refill for an hour).
 // An earlier end (a window's lease, cut at the window's end) gets an item
 // of its own; the one it supersedes is skipped when it comes due. Called
 // with e.mu held.
-func (e *leaseEntry) watchEnd() {
-	if e.queued != 0 && e.queued <= e.expires {
+func (e *leaseEntry) watch(at int64) {
+	if e.queued != 0 && e.queued <= at {
 		return
 	}
-	e.queued = e.expires
-	e.shard.expiring.push(e.expires, e)
+	e.queued = at
+	e.shard.expiring.push(at, e)
 }
 
 // forgetIdle drops the entries of sh that hold nothing and were not seen

@@ -9,7 +9,7 @@ import "sync"
 // second was 3.5% of Caddy's CPU with `lease 50` over 10 000 thin tenants
 // in bench/run.sh, most of it touching entries that held nothing.)
 //
-// An entry has one item at a time (leaseEntry.watchEnd): a grant that ends
+// An entry has one item at a time (leaseEntry.watch): a grant that ends
 // its lease later leaves the item where it is, and the sweeper, finding
 // the lease not ended yet, moves the item to the new end.
 //
