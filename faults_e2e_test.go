@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
+	"github.com/tollgate/caddy-tollgate/limiter"
 )
 
 // gatedLLM is an OpenAI-compatible upstream whose streamed answers stop
@@ -240,6 +241,14 @@ func TestSettlementDebtSurvivesKill(t *testing.T) {
 // redisExtra in its redis block.
 func tenantsOnRedis(t *testing.T, addr, redisExtra, window string) *caddyProcess {
 	t.Helper()
+	return policyOnRedis(t, addr, redisExtra, "api", fmt.Sprintf("limit 100\n\t\t\twindow %s", window))
+}
+
+// policyOnRedis starts a built Caddy with one policy, name { body }, keyed
+// by the X-Tenant header, on the Redis at addr (redisExtra: more lines of
+// its redis block), in front of respond "ok".
+func policyOnRedis(t *testing.T, addr, redisExtra, name, body string) *caddyProcess {
+	t.Helper()
 	p := startCaddyProcess(t, fmt.Sprintf(`{
 	admin 127.0.0.1:{ADMIN}
 	auto_https off
@@ -252,14 +261,13 @@ http://127.0.0.1:{PORT} {
 			%s
 		}
 		tenant {http.request.header.X-Tenant}
-		policy api {
-			limit 100
-			window %s
+		policy %s {
+			%s
 		}
 	}
 	respond "ok"
 }
-`, addr, redisExtra, window))
+`, addr, redisExtra, name, body))
 	p.caddyServer.admin = fmt.Sprintf("127.0.0.1:%d", p.admin)
 	return p
 }
@@ -516,5 +524,55 @@ func TestClientGoneDuringDecision(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	if got := p.remaining("acme")["api"]; got != 100-4 {
 		t.Errorf("Redis remaining %d, want %d: 3 requests served and 1 whose call ran, each charged once", got, 100-4)
+	}
+}
+
+// TestConcurrencySlotsAfterPause: requests of a concurrency policy whose
+// acquires time out on a paused Redis (SIGSTOP) are admitted by `fail
+// open`; when Redis resumes it runs those acquires, and the instance then
+// releases the slots they took. What Redis holds once the requests are
+// done is no slot at all; before, each such acquire kept its slot until
+// the bucket was idle for 10 minutes.
+func TestConcurrencySlotsAfterPause(t *testing.T) {
+	redistest.RequireBinaries(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	p := policyOnRedis(t, srv.Addr, "timeout 100ms", "slots", "algorithm concurrency\n\t\t\tlimit 3\n\t\t\tfail open")
+	key := string(limiter.AppendKey(nil, limiter.DefaultPrefix, limiter.Concurrency, "acme", "slots", ""))
+	inFlight := func() int64 {
+		n, err := client.Get(context.Background(), key).Int64()
+		if err != nil {
+			return 0 // no key: no slot taken
+		}
+		return n
+	}
+	if r := p.get("/", "X-Tenant", "acme"); r.status != http.StatusOK {
+		t.Fatalf("first request: %d", r.status)
+	}
+	if n := inFlight(); n != 0 {
+		t.Fatalf("in flight %d after a request ended, want 0", n)
+	}
+	srv.Pause()
+	for i := range 2 {
+		if r := p.get("/", "X-Tenant", "acme"); r.status != http.StatusOK {
+			t.Fatalf("request %d with Redis paused: %d, want 200 (fail open)", i, r.status)
+		}
+	}
+	srv.Resume()
+	// Redis runs the acquires it had received; the instance's recovery
+	// loop (every second) sends their releases.
+	deadline := time.Now().Add(5 * time.Second)
+	for inFlight() != 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := inFlight(); n != 0 {
+		t.Fatalf("in flight %d once every request ended, want 0", n)
+	}
+	fams := p.metrics()
+	timeouts, _ := metricValue(fams, "caddy_rate_limit_redis_calls_total", map[string]string{"script": "decide", "result": "timeout"})
+	releases, _ := metricValue(fams, "caddy_rate_limit_redis_calls_total", map[string]string{"script": "release", "result": "ok"})
+	t.Logf("decide calls timed out: %v; releases answered: %v", timeouts, releases)
+	if timeouts < 1 {
+		t.Fatalf("no acquire timed out (%v): the test did not lose a reply", timeouts)
 	}
 }

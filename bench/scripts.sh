@@ -116,6 +116,19 @@ row() {
 		giveback-fcall) echo "fcall ${lib}_decide 2 rl:sliding_window:{tenant-42}:gb rl:once:{tenant-42}:id-__rand_int__ force_once 0 sliding_window 1099511627776 3600000000 0 0 -1 $charged_at" ;;
 		esac
 		return ;;
+	slots/*)
+		# A concurrency request's two calls, with its slot held under an
+		# id (the default) and by count alone (before holds; limit 2^40,
+		# so every acquire is admitted).
+		local cc="concurrency 1099511627776 0 0 0 1 0"
+		case ${name#slots/} in
+		acquire-count) echo "fcall ${lib}_decide 1 rl:concurrency:{tenant-42}:slots decide 0 $cc" ;;
+		acquire-held) echo "fcall ${lib}_decide 2 rl:concurrency:{tenant-42}:slots rl:once:{tenant-42}:h-__rand_int__ acquire 0 $cc" ;;
+		release-count) echo "fcall ${lib}_release 1 rl:concurrency:{tenant-42}:slots 1" ;;
+		# No record found (the costlier branch: it records "gone").
+		release-held) echo "fcall ${lib}_release 2 rl:concurrency:{tenant-42}:slots rl:once:{tenant-42}:h-__rand_int__ 1" ;;
+		esac
+		return ;;
 	3-policies/*)
 		form=${name#3-policies/}
 		local ks="3 rl:token_bucket:{tenant-42}:burst rl:sliding_window:{tenant-42}:minute rl:fixed_window:{tenant-42}:daily"
@@ -137,6 +150,7 @@ for a in token_bucket gcra sliding_window fixed_window sliding_log concurrency 3
 	rows+=("$a/evalsha" "$a/fcall")
 done
 rows+=(charge/force charge/once charge/once-fcall charge/giveback-fcall)
+rows+=(slots/acquire-count slots/acquire-held slots/release-count slots/release-held)
 # The give-back row's bucket: charged a million units at charged_at, so
 # every give-back finds units to give back.
 charged_at=$(($(date +%s) * 1000000))
@@ -148,7 +162,7 @@ measure() {
 	args=$(row "$1")
 	cmd=${args%% *}
 	local keyspace=100
-	case $1 in charge/*) keyspace=1000000000 ;; esac
+	case $1 in charge/* | slots/*) keyspace=1000000000 ;; esac
 	cli config resetstat >/dev/null
 	# shellcheck disable=SC2086
 	${rest_prefix[@]+"${rest_prefix[@]}"} redis-benchmark -p "$redis_port" -n "$CALLS" -P 16 -c 4 -r "$keyspace" -q $args >/dev/null
@@ -227,6 +241,13 @@ print("|---|---|---|")
 for name, label in [("charge/force", "without an id"), ("charge/once", "with an id (`force_once`)"), ("charge/once-fcall", "with an id, `FCALL`"), ("charge/giveback-fcall", "a give-back to a sliding window at its instant, with an id, `FCALL`")]:
     us, r = cell(name)
     print(f"| {label} | {us} | {r} |")
+print()
+print("| a concurrency request's calls, `FCALL` | by count alone: µs | ratio to the floor | held under an id (the default): µs | ratio to the floor |")
+print("|---|---|---|---|---|")
+for op in ["acquire", "release"]:
+    c, cr = cell("slots/" + op + "-count")
+    h, hr = cell("slots/" + op + "-held")
+    print(f"| {op} | {c} | {cr} | {h} | {hr} |")
 if mem:
     _, delta, ids = mem[0]
     print()

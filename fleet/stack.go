@@ -98,6 +98,14 @@ func (s *Stack) Cancel(ctx context.Context, d *limiter.Decision) error {
 	return d.Cancel(ctx, fb)
 }
 
+// Release gives back the concurrency slots d holds (see
+// limiter.Decision.Release): a release that fails is kept for recovery,
+// and lands once.
+func (s *Stack) Release(ctx context.Context, d *limiter.Decision) error {
+	fb := limiter.Fallback{Store: s.fallback, Scale: s.b.fallbackScale(), Recorder: s.b.rec}
+	return d.Release(ctx, fb)
+}
+
 // GiveBack gives back the units d charged for the verdicts marked in
 // back, exactly once (see limiter.Decision.GiveBack).
 func (s *Stack) GiveBack(ctx context.Context, d *limiter.Decision, back []bool) error {

@@ -85,6 +85,11 @@ func (m *Memory) Cancel(ctx context.Context, d *limiter.Decision) error {
 	return d.Cancel(ctx, limiter.Fallback{})
 }
 
+// Release implements Store.
+func (m *Memory) Release(ctx context.Context, d *limiter.Decision) error {
+	return d.Release(ctx, limiter.Fallback{})
+}
+
 // GiveBack implements Store.
 func (m *Memory) GiveBack(ctx context.Context, d *limiter.Decision, back []bool) error {
 	return d.GiveBack(ctx, limiter.Fallback{}, back)

@@ -92,6 +92,11 @@ func (r *Redis) Cancel(ctx context.Context, d *limiter.Decision) error {
 	return r.stack.Cancel(ctx, d)
 }
 
+// Release implements Store.
+func (r *Redis) Release(ctx context.Context, d *limiter.Decision) error {
+	return r.stack.Release(ctx, d)
+}
+
 // GiveBack implements Store.
 func (r *Redis) GiveBack(ctx context.Context, d *limiter.Decision, back []bool) error {
 	return r.stack.GiveBack(ctx, d, back)

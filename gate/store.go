@@ -22,6 +22,9 @@ type Store interface {
 	// Cancel gives back what d holds for a request that will not pass
 	// (see limiter.Decision.Cancel).
 	Cancel(ctx context.Context, d *limiter.Decision) error
+	// Release gives back the concurrency slots d holds when its request
+	// is done (see limiter.Decision.Release).
+	Release(ctx context.Context, d *limiter.Decision) error
 	// GiveBack gives back the units d charged for the verdicts marked in
 	// back, for a request whose outcome does not count (see
 	// limiter.Decision.GiveBack).

@@ -317,8 +317,10 @@ func (b *BreakerStore) Peek(ctx context.Context, checks []Check, results []Resul
 }
 
 // Release implements Store. While the breaker is open it fails with
-// ErrBreakerOpen and the slots stay taken in the inner store until its
-// safety TTL (RedisConcurrencyTTL) forgets them.
+// ErrBreakerOpen: slots held under ids are then released by the Recorder
+// once the store answers (Decision.Release keeps them there); others stay
+// taken in the inner store until its safety TTL (RedisConcurrencyTTL)
+// forgets them.
 func (b *BreakerStore) Release(ctx context.Context, checks []Check) error {
 	t, err := b.before()
 	if err != nil {

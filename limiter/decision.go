@@ -1,6 +1,9 @@
 package limiter
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Item is one policy that a request matched, with the request's identity
 // in that policy.
@@ -128,6 +131,9 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 			// shadow ones, nor algorithms that cannot lease).
 			Lease: it.Policy.Lease,
 		})
+		if it.Policy.Algorithm == Concurrency && it.Cost > 0 {
+			d.checks[len(d.checks)-1].Hold = NewChargeID()
+		}
 		d.counted = append(d.counted, i)
 	}
 	if boxed {
@@ -186,8 +192,11 @@ func (d *Decision) resolve(it *Item) (Limit, Source) {
 
 // Release gives back the concurrency slots an admitted decision took, to
 // the store that charged them. Call it once, when the request is done; it
-// is a no-op when the decision holds no charged concurrency check.
-func (d *Decision) Release(ctx context.Context) error {
+// is a no-op when the decision holds no charged concurrency check. When
+// the store fails, slots held under an id (Check.Hold) are kept in
+// fb.Recorder, to be released once the store answers again (see hold.go);
+// the error is returned all the same.
+func (d *Decision) Release(ctx context.Context, fb Fallback) error {
 	if !d.Admitted {
 		return nil
 	}
@@ -203,7 +212,11 @@ func (d *Decision) Release(ctx context.Context) error {
 		return nil
 	}
 	d.checks = d.checks[:n]
-	return d.decidedBy.Release(ctx, d.checks)
+	err := d.decidedBy.Release(ctx, d.checks)
+	if err != nil && fb.Recorder != nil && !errors.Is(err, ErrInvalidCheck) {
+		fb.Recorder.RetryRelease(d.checks)
+	}
+	return err
 }
 
 // HoldsSlots reports whether Release has work to do.

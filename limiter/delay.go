@@ -109,5 +109,5 @@ func (d *Decision) Cancel(ctx context.Context, fb Fallback) error {
 	// Charged: every non-shadow check, and shadow ones that allowed; only
 	// token bucket and GCRA units go back (see above).
 	err := d.giveBack(ctx, fb, func(j, _ int) bool { return givesBack(d.checks[j].Algorithm) })
-	return errors.Join(err, d.Release(ctx))
+	return errors.Join(err, d.Release(ctx, fb))
 }

@@ -129,7 +129,16 @@ func CallerLeft(ctx context.Context, err error) bool {
 // included) is denied whatever its FailMode.
 func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallback, items []Item) error {
 	err := d.Decide(ctx, store, items)
-	if err == nil || errors.Is(err, ErrInvalidCheck) || CallerLeft(ctx, err) {
+	if err == nil || errors.Is(err, ErrInvalidCheck) {
+		return err
+	}
+	if mayHaveRun(err) && fb.Recorder != nil {
+		// Slots the lost call may have taken: released once the store
+		// answers (a release that comes first keeps the call from taking
+		// them, see hold.go).
+		fb.Recorder.RetryRelease(d.checks)
+	}
+	if CallerLeft(ctx, err) {
 		return err
 	}
 	d.decidedBy = fb.Store

@@ -91,7 +91,7 @@ func TestDecideOrFallback(t *testing.T) {
 		if !d1.Admitted || !d2.Admitted || d3.Admitted {
 			t.Fatalf("admitted %v %v %v, want true true false", d1.Admitted, d2.Admitted, d3.Admitted)
 		}
-		if err := d1.Release(bgCtx); err != nil {
+		if err := d1.Release(bgCtx, fb); err != nil {
 			t.Fatal(err)
 		}
 		var d4 Decision

@@ -720,3 +720,96 @@ func TestFaultOverAdmission(t *testing.T) {
 		t.Errorf("recovery peak without accounting %d, with %d: accounting made no difference", peaks[false], peaks[true])
 	}
 }
+
+// TestFaultConcurrencyLostReplies: with Redis paused (SIGSTOP), a release
+// times out, an acquire times out (fail open admits its request), and a
+// client goes away while its acquire waits. When Redis resumes it runs
+// what it had received, and the recorder then sends the release again and
+// a release for each lost acquire: what Redis holds is exactly the slot
+// still taken. By count alone (before holds) the lost acquires kept their
+// slots (the failed release was not retried either, so a release Redis
+// had not received would have kept its slot too).
+func TestFaultConcurrencyLostReplies(t *testing.T) {
+	checkLeaks(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	r := newRig(t, &redis.UniversalOptions{Addrs: []string{srv.Addr}}, 1, false)
+	p := policyOf("c", Concurrency, FailOpen, 10, 0)
+	items := []Item{{Policy: p, Tenant: "acme", Cost: 1}}
+	var d0, d1, d2, d3 Decision
+	for _, d := range []*Decision{&d0, &d1} {
+		if err := d.DecideOrFallback(bgCtx, r.br, r.fb, items); err != nil || !d.Admitted {
+			t.Fatalf("decide: admitted %v, %v", d.Admitted, err)
+		}
+	}
+	if got := inFlight(t, r.client, "acme", "c"); got != 2 {
+		t.Fatalf("in flight %d, want 2", got)
+	}
+
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	if err := d1.Release(bgCtx, r.fb); err == nil {
+		t.Fatal("release with Redis paused: no error")
+	}
+	if err := d2.DecideOrFallback(bgCtx, r.br, r.fb, items); err == nil || !d2.Admitted || d2.Verdicts[0].Path != PathFailedOpen {
+		t.Fatalf("acquire with Redis paused: %v, admitted %v, path %v; want an error, admitted open", err, d2.Admitted, d2.Verdicts[0].Path)
+	}
+	ctx, cancel := context.WithCancel(bgCtx)
+	time.AfterFunc(faultTimeout/2, cancel)
+	if err := d3.DecideOrFallback(ctx, r.br, r.fb, items); !CallerLeft(ctx, err) {
+		t.Fatalf("acquire of a client gone: %v, want the caller's cancellation", err)
+	}
+	// The release, and each acquire that may have run: one that waited
+	// in this instance's queue behind the stalled call never ran, and is
+	// not kept (NotSent).
+	if got := r.rec.Pending(); got < 1 || got > 3 {
+		t.Fatalf("recorder holds %d calls, want 1 to 3 (the release and the lost acquires)", got)
+	} else {
+		t.Logf("recorder holds %d calls", got)
+	}
+	srv.Resume()
+	resumed = true
+
+	// Redis runs what it had received; the recorder's releases follow.
+	deadline := time.Now().Add(5 * time.Second)
+	for r.rec.Pending() > 0 && time.Now().Before(deadline) {
+		fctx, fcancel := context.WithTimeout(bgCtx, time.Second)
+		st, err := r.rec.Flush(fctx, r.br)
+		fcancel()
+		t.Logf("flush: %+v, %v", st, err)
+		if err != nil {
+			time.Sleep(faultCooldown)
+		}
+	}
+	if got := r.rec.Pending(); got != 0 {
+		t.Fatalf("recorder still holds %d calls", got)
+	}
+	if err := d2.Release(bgCtx, r.fb); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("decide calls: %d ok, %d timeout; release calls: %d ok, %d timeout",
+		r.count("decide", "ok"), r.count("decide", "timeout"), r.count("release", "ok"), r.count("release", "timeout"))
+	if got := inFlight(t, r.client, "acme", "c"); got != 1 {
+		t.Fatalf("in flight %d after recovery, want 1 (d0's)", got)
+	}
+	if err := d0.Release(bgCtx, r.fb); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, r.client, "acme", "c"); got != 0 {
+		t.Fatalf("in flight %d after every release, want 0", got)
+	}
+	// No record of a slot is left held.
+	keys, err := r.client.Keys(bgCtx, DefaultPrefix+":once:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if v := r.client.Get(bgCtx, k).Val(); v != "gone" {
+			t.Errorf("%s = %q, want gone", k, v)
+		}
+	}
+}

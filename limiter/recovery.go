@@ -97,7 +97,9 @@ type RecorderOptions struct {
 // the shared one was empty.
 //
 // Calls that reached the store, or may have, and failed: a settlement, a
-// refund, a lease give-back whose reply was lost (Retry, RetryGiveBack).
+// refund, a lease give-back whose reply was lost (Retry, RetryGiveBack),
+// the release of concurrency slots held under ids (RetryRelease: one that
+// failed, or one for an acquire whose reply was lost).
 // Each keeps its id, and Flush sends it again with that id until the
 // store answers, so it is applied once whether or not the first attempt
 // ran (see NewChargeID). It is never recorded a second time as units.
@@ -268,6 +270,9 @@ type pendingCall struct {
 	// giveBack, when set, is a lease give-back retried (LeaseRequest.Retry)
 	// instead of a charge.
 	giveBack *LeaseRequest
+	// release, when set, are concurrency slots held under ids, released
+	// (Store.Release) instead of a charge.
+	release []Check
 }
 
 // NewRecorder returns an empty recorder.
@@ -366,6 +371,26 @@ func (r *Recorder) RetryGiveBack(req *LeaseRequest) {
 	r.keep(&pendingCall{id: g.ID, at: r.clock.Now().UnixNano(), giveBack: &g}, g.Checks)
 }
 
+// RetryRelease keeps the release of the concurrency slots of checks held
+// under an id (Check.Hold), to be sent by Flush until the store answers:
+// a release that failed, or the release of an acquire whose reply was
+// lost. Each slot is given back once, whether or not an earlier attempt,
+// or the acquire, ran (see hold.go). Checks without a Hold are left out:
+// a blind release could free another request's slot. The checks are
+// copied.
+func (r *Recorder) RetryRelease(checks []Check) {
+	c := &pendingCall{at: r.clock.Now().UnixNano()}
+	for i := range checks {
+		if held(&checks[i]) {
+			c.release = append(c.release, checks[i])
+		}
+	}
+	if len(c.release) > 0 {
+		c.id = c.release[0].Hold
+		r.keep(c, nil)
+	}
+}
+
 // keep adds c to the calls, or counts its units as dropped when the
 // recorder is full.
 func (r *Recorder) keep(c *pendingCall, checks []Check) {
@@ -417,7 +442,7 @@ type FlushStats struct {
 
 // Flush charges the primary store (normally a BreakerStore over it, so
 // that a store failing again trips the breaker) with what is owed: the
-// calls kept by Retry and RetryGiveBack, oldest first, then the recorded
+// calls kept by Retry, RetryGiveBack and RetryRelease, oldest first, then the recorded
 // units, which become calls of at most Batch checks with ids of their
 // own. A call the store answers is forgotten; when a call fails, it and
 // the later ones are kept, with their ids, for the next Flush, and the
@@ -518,6 +543,23 @@ func (r *Recorder) callsOf(st *FlushStats) {
 // send makes call c once more. It returns nil when the store answered (or
 // nothing of c counts any more), the store's error otherwise.
 func (r *Recorder) send(ctx context.Context, store Charger, c *pendingCall, st *FlushStats) error {
+	if c.release != nil {
+		rs, ok := store.(Store)
+		if !ok {
+			return nil
+		}
+		err := rs.Release(ctx, c.release)
+		if errors.Is(err, ErrInvalidCheck) {
+			st.Refused++
+			r.refused.Add(1)
+			return nil
+		}
+		if err == nil {
+			st.Calls++
+			st.Buckets += int64(len(c.release))
+		}
+		return err
+	}
 	if c.giveBack != nil {
 		lt, ok := store.(LeaseTaker)
 		if !ok {

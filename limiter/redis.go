@@ -228,7 +228,9 @@ var (
 	scriptDry    = &redisScript{"dry", decideScript, "dry"}
 	scriptForce  = &redisScript{"force", decideScript, "force"}
 	// argForceOnce is the mode of a force call with an id (sc.once).
-	argForceOnce  any = "force_once"
+	argForceOnce any = "force_once"
+	// argAcquire is the mode of a decision whose slots are held (hold.go).
+	argAcquire    any = "acquire"
 	scriptRefund      = &redisScript{"refund", refundScript, nil}
 	scriptRelease     = &redisScript{"release", releaseScript, nil}
 	scriptReset       = &redisScript{"reset", resetScript, nil}
@@ -380,12 +382,23 @@ func (s *RedisStore) decideSlots(ctx context.Context, sc *redisScratch, checks [
 		return true, nil
 	}
 	// Give back what the admitting slots charged: every check that allowed
-	// with a positive cost.
+	// with a positive cost; slots held under an id are released against
+	// their record, which goes with them.
 	for _, d := range done {
 		var idx []int
+		var slots []Check
 		for _, i := range d.idx {
-			if results[i].Allowed && checks[i].Cost > 0 {
+			switch {
+			case !results[i].Allowed || checks[i].Cost <= 0:
+			case held(&checks[i]):
+				slots = append(slots, checks[i])
+			default:
 				idx = append(idx, i)
+			}
+		}
+		if len(slots) > 0 {
+			if rerr := s.Release(ctx, slots); rerr != nil && err == nil {
+				err = fmt.Errorf("limiter: release after a cross-slot denial: %w", rerr)
 			}
 		}
 		if len(idx) == 0 {
@@ -497,9 +510,12 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 	if need := 2 + checkArgs*len(idx); cap(sc.args) < need {
 		sc.args = make([]any, 0, need)
 	}
+	acquire := script == scriptDecide && holdsAll(checks, idx)
 	switch {
 	case script == scriptForce && sc.once != "":
 		sc.args = append(sc.args[:0], argForceOnce, nowArg)
+	case acquire:
+		sc.args = append(sc.args[:0], argAcquire, nowArg)
 	case script.mode != nil:
 		sc.args = append(sc.args[:0], script.mode, nowArg)
 	default:
@@ -508,6 +524,10 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 	keys := sc.appendCheckArgs(checks, idx)
 	if script == scriptForce && sc.once != "" {
 		keys = sc.withOnceKey(keys)
+	}
+	if acquire {
+		keys = s.appendHoldKeys(sc, append(sc.okeys[:0], keys...), checks, idx)
+		sc.okeys = keys
 	}
 	turns := handsOutTurns(script)
 	if turns {
@@ -770,13 +790,17 @@ func IsTimeout(err error) bool {
 
 // Release implements Store: every Concurrency check gives back Cost units
 // of its bucket (never going below zero; a bucket that expired or was reset
-// is left alone). Pass only the checks that were charged.
+// is left alone). Pass only the checks that were charged. When every one
+// carries its Hold, each slot is given back once, against its acquire's
+// record: such a release may be retried, and sent for an acquire whose
+// reply was lost (see hold.go).
 func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	sc.keys = sc.keys[:0]
 	sc.slots = sc.slots[:0]
 	sc.args = sc.args[:0]
+	sc.all = sc.all[:0]
 	multi := false
 	for i := range checks {
 		c := &checks[i]
@@ -789,6 +813,7 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 		sc.buf = AppendKey(sc.buf[:0], s.prefix, c.Algorithm, c.Tenant, c.Policy, c.Part)
 		sc.keys = append(sc.keys, string(sc.buf))
 		sc.args = append(sc.args, c.Cost)
+		sc.all = append(sc.all, i)
 		if s.cluster != nil {
 			sc.slots = append(sc.slots, keySlot(sc.buf))
 			multi = multi || sc.slots[len(sc.slots)-1] != sc.slots[0]
@@ -797,15 +822,26 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 	if len(sc.keys) == 0 {
 		return nil
 	}
+	// sc.all maps each key to its check.
+	held := holdsAll(checks, sc.all)
 	if !multi {
-		_, err := s.eval(ctx, sc, scriptRelease, sc.keys, sc.args)
+		keys := sc.keys
+		if held {
+			keys = s.appendHoldKeys(sc, slices.Clip(keys), checks, sc.all)
+		}
+		_, err := s.eval(ctx, sc, scriptRelease, keys, sc.args)
 		return err
 	}
+	checkOf := slices.Clone(sc.all)
 	for _, g := range sc.groups() {
 		keys := make([]string, len(g))
 		args := make([]any, len(g))
+		idx := make([]int, len(g))
 		for j, i := range g {
-			keys[j], args[j] = sc.keys[i], sc.args[i]
+			keys[j], args[j], idx[j] = sc.keys[i], sc.args[i], checkOf[i]
+		}
+		if held {
+			keys = s.appendHoldKeys(sc, keys, checks, idx)
 		}
 		if _, err := s.eval(ctx, sc, scriptRelease, keys, args); err != nil {
 			return err

@@ -240,7 +240,7 @@ func TestSettleAfterRelease(t *testing.T) {
 	if err := d.Decide(bgCtx, m, []Item{{Policy: tok, Tenant: "t", Cost: 1}, {Policy: conc, Tenant: "t", Cost: 1}}); err != nil || !d.Admitted {
 		t.Fatal(d.Admitted, err)
 	}
-	if err := d.Release(bgCtx); err != nil {
+	if err := d.Release(bgCtx, Fallback{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Settle(bgCtx, Fallback{}, []int64{30, NotMetered}); err == nil {

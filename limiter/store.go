@@ -60,6 +60,12 @@ type Check struct {
 	// log entry that holds them. 0 gives back token bucket and GCRA units
 	// only (theirs mean the same whenever they were charged).
 	ChargedAt int64
+	// Hold, for a Concurrency check of positive cost, is the id of its
+	// slots (NewChargeID; Decision.Decide makes one per check): a
+	// RedisStore records its acquire under it, and Release then gives the
+	// slots back once, also when the acquire's reply was lost (see
+	// hold.go). Empty: released by count alone. Other stores ignore it.
+	Hold string
 }
 
 // Result is a store's answer for one Check.

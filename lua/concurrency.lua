@@ -55,3 +55,43 @@ ALGORITHMS.concurrency = function()
   }
 end
 
+-- Holds: the record of each acquire that carries an id (decide.lua, mode
+-- "acquire"; release.lua), so that a slot is given back once, and even
+-- when the acquire's reply was lost. HOLD_TTL_MS bounds how long a
+-- request may hold its slot and still give it back (24 hours): a record
+-- is deleted by its release, so only the records of requests an instance
+-- never released (it died) wait for it.
+local HOLD_TTL_MS = 86400000
+
+-- acquire_holds reads the hold keys at the end of KEYS (n keys in all):
+-- one per concurrency check of positive cost, in order. It returns the
+-- holds ({[check] = hold key, released = true when any is recorded
+-- already}), and the number of checks.
+local function acquire_holds(n)
+  local m, h = 0, 0
+  local of = {}
+  while m + h < n do
+    m = m + 1
+    local b = 2 + CHECK_ARGS * (m - 1)
+    if ARGV[b + 1] == 'concurrency' and tonumber(ARGV[b + 6]) > 0 then
+      h = h + 1
+      of[m] = h
+    end
+  end
+  local holds = {}
+  for i, j in pairs(of) do
+    holds[i] = KEYS[m + j]
+    if redis.call('EXISTS', holds[i]) == 1 then holds.released = true end
+  end
+  return holds, m, 'decide'
+end
+
+-- hold_slots records the hold of each of the n checks that was charged.
+local function hold_slots(holds, n, charged)
+  for i = 1, n do
+    if charged[i] and holds[i] then
+      redis.call('SET', holds[i], 'held', 'PX', HOLD_TTL_MS)
+    end
+  end
+end
+

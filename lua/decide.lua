@@ -7,7 +7,8 @@
 --          check alone against the stored state), "dry" (evaluate as
 --          decide, then answer as for a request that was not admitted),
 --          "force" (move units without deciding: see below) or
---          "force_once" (force, applied once per id)
+--          "force_once" (force, applied once per id) or "acquire"
+--          (decide, for a request that holds concurrency slots: see below)
 -- ARGV[2]  "0", or an instant in µs that replaces Redis TIME (tests only)
 -- ARGV[3 + 7(i-1) ...] check i: algorithm, limit, window_us, burst,
 --          min_interval_us, cost, shadow ("1"/"0")
@@ -22,6 +23,17 @@
 -- non-shadow check allows; then every check that allows (shadow ones too)
 -- is charged and each written key gets a TTL. Otherwise nothing is written,
 -- and the checks that allowed report their bucket as it is.
+--
+-- Acquire (limiter.RedisStore.Decide of a request with concurrency
+-- checks that carry an id, limiter.Check.Hold): KEYS holds, after the
+-- checks' keys, one hold key per concurrency check of positive cost, in
+-- order (<prefix>:once:{<tenant>}:<hold id>). The call decides as
+-- "decide", and each such check it charges records its hold key as
+-- "held" for HOLD_TTL_MS: release.lua gives the slot back once, against
+-- that record. A hold key that exists already is release.lua's record
+-- of a release that came first (the caller gave up on this call's reply
+-- and released it before the call ran): then nothing is charged and the
+-- call answers as for a request that was not admitted.
 --
 -- Force (limiter.RedisStore.Charge: settlements, recovery charges,
 -- refunds): every check moves units in order, whatever the others do. A
@@ -43,13 +55,23 @@
 -- remaining and reset describe the bucket afterwards.
 local mode = ARGV[1]
 local n = #KEYS
-local once
+local once, holds
 if mode == 'force_once' then
   once, n, mode = KEYS[n], n - 1, 'force'
   local prev = once_get(once)
   if prev then return prev end
+elseif mode == 'acquire' then
+  holds, n, mode = acquire_holds(n)
 end
 local now = now_us(ARGV[2])
+if holds and holds.released then
+  local out = {0, now}
+  for i = 1, n do
+    local j = 3 + 4 * (i - 1)
+    out[j], out[j + 1], out[j + 2], out[j + 3] = 0, 0, 0, 0
+  end
+  return out
+end
 
 -- One check in decide mode, the common request: the same semantics as the
 -- loop below without its per-check tables (each table costs Redis about
@@ -58,7 +80,10 @@ if n == 1 and mode == 'decide' then
   local alg, r, cost, shadow = parse_check(1, 2)
   local key = KEYS[1]
   local ok, rem, retry, reset, nxt = alg.eval((load(alg, key)), now, r, cost)
-  if ok and cost > 0 then save(key, alg, nxt, r, now) end
+  if ok and cost > 0 then
+    save(key, alg, nxt, r, now)
+    if holds then hold_slots(holds, 1, {true}) end
+  end
   return {(ok or shadow) and 1 or 0, now, ok and 1 or 0, rem, math.max(retry, 0), math.max(reset, 0)}
 end
 
@@ -139,6 +164,7 @@ if (mode == 'decide' and admitted) or mode == 'force' then
   for key, i in pairs(last) do
     save(key, algs[i], buckets[key].cur, rates[i], now)
   end
+  if holds then hold_slots(holds, n, charged) end
 elseif mode ~= 'peek' then
   -- Not admitted (or a dry run): nothing was charged.
   for i = 1, n do

@@ -2,14 +2,39 @@
 --
 -- KEYS[i]  a concurrency bucket key (all in one cluster slot)
 -- ARGV[i]  the units to give back to KEYS[i]
+-- KEYS[#ARGV + i], when present: the hold key of KEYS[i], recorded by
+--          the acquire (decide.lua, mode "acquire")
 --
 -- The count never goes below zero: releasing a bucket that expired or was
 -- reset (it does not exist) is a no-op, and a bucket back at zero is
--- deleted (a fresh bucket). The key keeps its TTL. Returns {the number of
--- keys released} (a list, as every script this store calls answers).
+-- deleted (a fresh bucket). The key keeps its TTL.
+--
+-- With a hold key, the slot is given back once: only when its acquire
+-- recorded it ("held"), and the record is deleted with it. A hold key
+-- not there means the acquire has not run, or was denied, or was already
+-- released (a retry): the release records "gone" instead, for
+-- GONE_TTL_MS (limiter.IdempotencyTTL), so that an acquire still on its
+-- way charges nothing when it runs. A release may therefore be retried,
+-- and sent for an acquire whose reply was lost, whether or not it ran.
+--
+-- Returns {the number of keys released} (a list, as every script this
+-- store calls answers).
+local GONE_TTL_MS = 600000
+local n = #ARGV
 local released = 0
-for i, key in ipairs(KEYS) do
-  if redis.call('EXISTS', key) == 1 then
+for i = 1, n do
+  local key, hold = KEYS[i], KEYS[n + i]
+  local give = true
+  if hold then
+    local v = redis.call('GET', hold)
+    if v == 'held' then
+      redis.call('DEL', hold)
+    else
+      give = false
+      if not v then redis.call('SET', hold, 'gone', 'PX', GONE_TTL_MS) end
+    end
+  end
+  if give and redis.call('EXISTS', key) == 1 then
     -- DECRBY keeps the key's TTL.
     if redis.call('DECRBY', key, ARGV[i]) <= 0 then
       redis.call('DEL', key)

@@ -223,9 +223,11 @@ func (h *Server) serveAdmitted(w http.ResponseWriter, r *http.Request, next cadd
 }
 
 // release gives back concurrency slots. The request context may already be
-// cancelled (client gone), so it is not used for the store call.
+// cancelled (client gone), so it is not used for the store call. A release
+// that fails is kept and sent again once Redis answers (slots held under
+// an id, as every decision's are), so it is logged as a warning.
 func (h *Server) release(r *http.Request, d *limiter.Decision) {
-	if err := d.Release(context.WithoutCancel(r.Context())); err != nil {
-		h.logger.Error("releasing concurrency slots", zap.Error(err))
+	if err := h.gate.Store.Release(context.WithoutCancel(r.Context()), d); err != nil {
+		h.logger.Warn("releasing concurrency slots; kept to retry once Redis answers", zap.Error(err))
 	}
 }
