@@ -559,16 +559,28 @@ func TestConcurrencySlotsAfterPause(t *testing.T) {
 		}
 	}
 	srv.Resume()
-	// Redis runs the acquires it had received; the instance's recovery
-	// loop (every second) sends their releases.
+	// Redis runs the acquires it had received (reading the count at once
+	// may come before them); the instance's recovery loop (every second)
+	// sends their releases.
+	time.Sleep(2500 * time.Millisecond)
 	deadline := time.Now().Add(5 * time.Second)
 	for inFlight() != 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
+	fams := p.metrics()
 	if n := inFlight(); n != 0 {
+		for _, k := range client.Keys(context.Background(), "rl:once:*").Val() {
+			t.Logf("%s = %q", k, client.Get(context.Background(), k).Val())
+		}
+		for _, f := range fams {
+			if strings.Contains(f.GetName(), "redis_calls") || strings.Contains(f.GetName(), "breaker") {
+				for _, m := range f.GetMetric() {
+					t.Logf("%s %v %v", f.GetName(), m.GetLabel(), m.GetCounter().GetValue())
+				}
+			}
+		}
 		t.Fatalf("in flight %d once every request ended, want 0", n)
 	}
-	fams := p.metrics()
 	timeouts, _ := metricValue(fams, "caddy_rate_limit_redis_calls_total", map[string]string{"script": "decide", "result": "timeout"})
 	releases, _ := metricValue(fams, "caddy_rate_limit_redis_calls_total", map[string]string{"script": "release", "result": "ok"})
 	t.Logf("decide calls timed out: %v; releases answered: %v", timeouts, releases)

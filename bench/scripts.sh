@@ -125,8 +125,8 @@ row() {
 		acquire-count) echo "fcall ${lib}_decide 1 rl:concurrency:{tenant-42}:slots decide 0 $cc" ;;
 		acquire-held) echo "fcall ${lib}_decide 2 rl:concurrency:{tenant-42}:slots rl:once:{tenant-42}:h-__rand_int__ acquire 0 $cc" ;;
 		release-count) echo "fcall ${lib}_release 1 rl:concurrency:{tenant-42}:slots 1" ;;
-		# No record found (the costlier branch: it records "gone").
-		release-held) echo "fcall ${lib}_release 2 rl:concurrency:{tenant-42}:slots rl:once:{tenant-42}:h-__rand_int__ 1" ;;
+		# A retry that finds no record (the costlier branch: it records "gone").
+		release-held) echo "fcall ${lib}_release 2 rl:concurrency:{tenant-42}:slots rl:once:{tenant-42}:h-__rand_int__ 1 unsure" ;;
 		esac
 		return ;;
 	3-policies/*)

@@ -331,6 +331,22 @@ func (b *BreakerStore) Release(ctx context.Context, checks []Check) error {
 	return err
 }
 
+// releaseLost implements lostReleaser when the inner store does (else it
+// is Release).
+func (b *BreakerStore) releaseLost(ctx context.Context, checks []Check) error {
+	lr, ok := b.inner.(lostReleaser)
+	if !ok {
+		return b.Release(ctx, checks)
+	}
+	t, err := b.before()
+	if err != nil {
+		return err
+	}
+	err = lr.releaseLost(ctx, checks)
+	b.after(ctx, t, err)
+	return err
+}
+
 // Reset implements Store.
 func (b *BreakerStore) Reset(ctx context.Context, tenant string, policies []string) error {
 	t, err := b.before()

@@ -1,5 +1,7 @@
 package limiter
 
+import "context"
+
 // Holds: concurrency slots given back once.
 //
 // A concurrency slot is a unit of a counter, taken by a decision and given
@@ -10,18 +12,27 @@ package limiter
 // another request's slot, or a retried release free two. So each
 // concurrency check of positive cost carries an id of its own
 // (Check.Hold, made by Decision.Decide): RedisStore's acquire records
-// <prefix>:once:{<tenant>}:<hold> as "held" with the slot, and its
-// release gives the slot back only against that record, deleting it; a
-// release that finds no record leaves "gone" in its place, so that an
+// <prefix>:once:{<tenant>}:<hold> as "held" with the slot (an acquire
+// that finds its own record ran already, sent again by the client
+// library: it answers admitted and charges nothing again), and a release
+// gives the slot back against that record, deleting it.
+//
+// A release that finds no record depends on what its caller knows. The
+// request's own release (Release) saw its acquire admitted: the record
+// expired or was evicted while the request held its slot, and the slot is
+// given back. A release sent again, or for an acquire whose reply was
+// lost (releaseLost), cannot tell an acquire that has not run from a
+// release that ran: it gives nothing back and records "gone", so that an
 // acquire still on its way charges nothing when it runs (lua/decide.lua,
-// lua/release.lua). A release is then safe to send for an acquire whose
-// reply was lost, and to retry: DecideOrFallback and Decision.Release keep
-// such releases in the fallback's Recorder (RetryRelease), which sends them
+// lua/release.lua). DecideOrFallback and Decision.Release keep such
+// releases in the fallback's Recorder (RetryRelease), which sends them
 // until the store answers.
 //
 // The cost: an acquire reads and writes one more key, a release reads and
-// deletes it. A record lives until its release (at most HoldTTL); a "gone"
-// one IdempotencyTTL.
+// deletes it. A record lives until its release, at most 24 hours (the
+// records of an instance that died with requests in flight); a "gone" one
+// IdempotencyTTL. Releases the Recorder still holds when the instance
+// stops are lost with it, as every call it keeps.
 
 // held reports whether c takes slots under an id: a concurrency check of
 // positive cost with Hold set.
@@ -58,3 +69,18 @@ func (s *RedisStore) appendHoldKeys(sc *redisScratch, keys []string, checks []Ch
 	}
 	return keys
 }
+
+// lostReleaser is a store that can release slots whose acquire may or may
+// not have run, or whose release may have run already (RedisStore, and a
+// BreakerStore over one): what Recorder.RetryRelease sends.
+type lostReleaser interface {
+	releaseLost(ctx context.Context, checks []Check) error
+}
+
+// ranError is the error of a call made after the same request's store
+// call had run and taken slots: it is not NotSent whatever it wraps, so
+// that the slots are released (DecideOrFallback keeps the release of a
+// call that may have run).
+type ranError struct{ err error }
+
+func (e ranError) Error() string { return e.err.Error() }

@@ -75,8 +75,9 @@ func TestHoldReleasedOnce(t *testing.T) {
 	if err := d1.Release(bgCtx, Fallback{}); err != nil {
 		t.Fatal(err)
 	}
-	// The same release again, as a retry of one whose reply was lost.
-	if err := s.Release(bgCtx, retry); err != nil {
+	// The same release again, as the Recorder retries one whose reply
+	// was lost.
+	if err := s.releaseLost(bgCtx, retry); err != nil {
 		t.Fatal(err)
 	}
 	if got := inFlight(t, client, "acme", "c"); got != 1 {
@@ -110,7 +111,7 @@ func TestHoldReleaseBeforeAcquire(t *testing.T) {
 	client := srv.Client(t)
 	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
 	c := Check{Algorithm: Concurrency, Tenant: "acme", Policy: "c", Rate: Rate{Limit: 5}, Cost: 1, Hold: NewChargeID()}
-	if err := s.Release(bgCtx, []Check{c}); err != nil {
+	if err := s.releaseLost(bgCtx, []Check{c}); err != nil {
 		t.Fatal(err)
 	}
 	res := make([]Result, 1)
@@ -159,7 +160,7 @@ func TestHoldCluster(t *testing.T) {
 	if err := d.Release(bgCtx, Fallback{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(bgCtx, retry); err != nil {
+	if err := s.releaseLost(bgCtx, retry); err != nil {
 		t.Fatal(err)
 	}
 	if a, g := inFlight(t, client, "acme", "c"), inFlight(t, client, "globex", "c"); a != 0 || g != 0 {
@@ -181,5 +182,80 @@ func TestHoldCluster(t *testing.T) {
 	}
 	if got := holdState(t, client, &denied.checks[0]); got != "" {
 		t.Fatalf("record of the slot given back after a cross-slot denial: %q, want none", got)
+	}
+}
+
+// TestHoldAcquireSentAgain: an acquire that runs twice (a client library
+// that sends a call again after its connection broke) charges once and
+// answers admitted both times. Treating its own record as a release that
+// came first denied the live request and left the first run's slot taken.
+func TestHoldAcquireSentAgain(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	tb := Check{Algorithm: TokenBucket, Tenant: "acme", Policy: "tb", Rate: Rate{Limit: 100, Window: time.Minute}, Cost: 1}
+	c := Check{Algorithm: Concurrency, Tenant: "acme", Policy: "c", Rate: Rate{Limit: 5}, Cost: 1, Hold: NewChargeID()}
+	checks := []Check{tb, c}
+	res := make([]Result, 2)
+	for run := range 2 {
+		admitted, err := s.Decide(bgCtx, checks, res)
+		if err != nil || !admitted || !res[0].Allowed || !res[1].Allowed {
+			t.Fatalf("run %d: admitted %v (%+v), %v; want admitted", run, admitted, res, err)
+		}
+		if res[1].Remaining != 4 || res[0].Remaining != 99 {
+			t.Fatalf("run %d: remaining %d and %d, want 99 and 4 (charged once)", run, res[0].Remaining, res[1].Remaining)
+		}
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 1 {
+		t.Fatalf("in flight %d, want 1", got)
+	}
+	if err := s.Release(bgCtx, []Check{c}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 0 {
+		t.Fatalf("in flight %d after the release, want 0", got)
+	}
+}
+
+// TestHoldRecordGone: a request whose record is gone when it releases (it
+// held its slot longer than the record lives, or Redis evicted the record)
+// still gives its slot back: its release knows the acquire ran. A retry,
+// which cannot know, gives nothing back.
+func TestHoldRecordGone(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	// A concurrency check of cost 0 first: it takes nothing, and must not
+	// take the next check's hold key.
+	peek := Check{Algorithm: Concurrency, Tenant: "acme", Policy: "c", Rate: Rate{Limit: 5}}
+	c := Check{Algorithm: Concurrency, Tenant: "acme", Policy: "c", Rate: Rate{Limit: 5}, Cost: 1, Hold: NewChargeID()}
+	other := c
+	other.Hold = NewChargeID()
+	res := make([]Result, 2)
+	for _, cc := range []Check{c, other} {
+		if admitted, err := s.Decide(bgCtx, []Check{peek, cc}, res); err != nil || !admitted {
+			t.Fatalf("acquire: admitted %v, %v", admitted, err)
+		}
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 2 {
+		t.Fatalf("in flight %d, want 2", got)
+	}
+	if err := client.Del(bgCtx, string(appendOnceKey(nil, DefaultPrefix, "acme", c.Hold))).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(bgCtx, []Check{peek, c}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 1 {
+		t.Fatalf("in flight %d after a release without its record, want 1", got)
+	}
+	if err := s.releaseLost(bgCtx, []Check{peek, c}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 1 {
+		t.Fatalf("in flight %d after a retried release, want 1 (the other request's)", got)
+	}
+	if got := holdState(t, client, &other); got != "held" {
+		t.Fatalf("the other request's record: %q, want held", got)
 	}
 }

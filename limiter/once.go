@@ -27,7 +27,8 @@ import (
 //
 // What it costs: one GET and one SET of that key per id'd call, and the
 // key's memory for IdempotencyTTL (docs/fleet.md gives the measured
-// figures). Decisions carry no id and pay nothing.
+// figures). Decisions carry no id and pay nothing, but for the slots of
+// concurrency checks, which are held under ids of their own (hold.go).
 
 // IdempotencyTTL is how long Redis remembers the id of a call it ran: a
 // retry within it is answered from the record, never applied twice. It is

@@ -387,7 +387,7 @@ func (r *Recorder) RetryRelease(checks []Check) {
 	}
 	if len(c.release) > 0 {
 		c.id = c.release[0].Hold
-		r.keep(c, nil)
+		r.keep(c, c.release)
 	}
 }
 
@@ -544,11 +544,15 @@ func (r *Recorder) callsOf(st *FlushStats) {
 // nothing of c counts any more), the store's error otherwise.
 func (r *Recorder) send(ctx context.Context, store Charger, c *pendingCall, st *FlushStats) error {
 	if c.release != nil {
-		rs, ok := store.(Store)
-		if !ok {
+		var err error
+		switch rs := store.(type) {
+		case lostReleaser:
+			err = rs.releaseLost(ctx, c.release)
+		case Store:
+			err = rs.Release(ctx, c.release)
+		default:
 			return nil
 		}
-		err := rs.Release(ctx, c.release)
 		if errors.Is(err, ErrInvalidCheck) {
 			st.Refused++
 			r.refused.Add(1)

@@ -229,11 +229,14 @@ var (
 	scriptForce  = &redisScript{"force", decideScript, "force"}
 	// argForceOnce is the mode of a force call with an id (sc.once).
 	argForceOnce any = "force_once"
-	// argAcquire is the mode of a decision whose slots are held (hold.go).
-	argAcquire    any = "acquire"
-	scriptRefund      = &redisScript{"refund", refundScript, nil}
-	scriptRelease     = &redisScript{"release", releaseScript, nil}
-	scriptReset       = &redisScript{"reset", resetScript, nil}
+	// argAcquire is the mode of a decision whose slots are held (hold.go);
+	// the release modes of held slots say what a missing record means.
+	argAcquire       any = "acquire"
+	argReleaseSure   any = "sure"
+	argReleaseUnsure any = "unsure"
+	scriptRefund         = &redisScript{"refund", refundScript, nil}
+	scriptRelease        = &redisScript{"release", releaseScript, nil}
+	scriptReset          = &redisScript{"reset", resetScript, nil}
 )
 
 // Arguments boxed once: converting them to any on every call would
@@ -398,7 +401,9 @@ func (s *RedisStore) decideSlots(ctx context.Context, sc *redisScratch, checks [
 		}
 		if len(slots) > 0 {
 			if rerr := s.Release(ctx, slots); rerr != nil && err == nil {
-				err = fmt.Errorf("limiter: release after a cross-slot denial: %w", rerr)
+				// Its slots were taken: the error must not say that
+				// nothing ran (NotSent), or no one releases them.
+				err = fmt.Errorf("limiter: release after a cross-slot denial: %w", ranError{rerr})
 			}
 		}
 		if len(idx) == 0 {
@@ -790,11 +795,23 @@ func IsTimeout(err error) bool {
 
 // Release implements Store: every Concurrency check gives back Cost units
 // of its bucket (never going below zero; a bucket that expired or was reset
-// is left alone). Pass only the checks that were charged. When every one
-// carries its Hold, each slot is given back once, against its acquire's
-// record: such a release may be retried, and sent for an acquire whose
-// reply was lost (see hold.go).
+// is left alone). Pass only the checks that were charged, and whose
+// acquire answered: when every one carries its Hold, each slot is given
+// back once, against its acquire's record (see hold.go; retry a release
+// that failed with releaseLost, as Recorder.RetryRelease does).
 func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
+	return s.release(ctx, checks, argReleaseSure)
+}
+
+// releaseLost implements lostReleaser: Release for slots whose acquire
+// may or may not have run, or whose release may have run already.
+func (s *RedisStore) releaseLost(ctx context.Context, checks []Check) error {
+	return s.release(ctx, checks, argReleaseUnsure)
+}
+
+// release is Release; mode says what a missing hold record means
+// (lua/release.lua).
+func (s *RedisStore) release(ctx context.Context, checks []Check, mode any) error {
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 	sc.keys = sc.keys[:0]
@@ -809,6 +826,9 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 		}
 		if c.Cost < 0 {
 			return c.validate()
+		}
+		if c.Cost == 0 {
+			continue // nothing taken (and no hold key: see appendHoldKeys)
 		}
 		sc.buf = AppendKey(sc.buf[:0], s.prefix, c.Algorithm, c.Tenant, c.Policy, c.Part)
 		sc.keys = append(sc.keys, string(sc.buf))
@@ -825,11 +845,12 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 	// sc.all maps each key to its check.
 	held := holdsAll(checks, sc.all)
 	if !multi {
-		keys := sc.keys
+		keys, args := sc.keys, sc.args
 		if held {
 			keys = s.appendHoldKeys(sc, slices.Clip(keys), checks, sc.all)
+			args = append(args, mode)
 		}
-		_, err := s.eval(ctx, sc, scriptRelease, keys, sc.args)
+		_, err := s.eval(ctx, sc, scriptRelease, keys, args)
 		return err
 	}
 	checkOf := slices.Clone(sc.all)
@@ -842,6 +863,7 @@ func (s *RedisStore) Release(ctx context.Context, checks []Check) error {
 		}
 		if held {
 			keys = s.appendHoldKeys(sc, keys, checks, idx)
+			args = append(args, mode)
 		}
 		if _, err := s.eval(ctx, sc, scriptRelease, keys, args); err != nil {
 			return err

@@ -57,16 +57,18 @@ end
 
 -- Holds: the record of each acquire that carries an id (decide.lua, mode
 -- "acquire"; release.lua), so that a slot is given back once, and even
--- when the acquire's reply was lost. HOLD_TTL_MS bounds how long a
--- request may hold its slot and still give it back (24 hours): a record
--- is deleted by its release, so only the records of requests an instance
--- never released (it died) wait for it.
+-- when the acquire's reply was lost. A record is deleted by its release;
+-- HOLD_TTL_MS (24 hours) bounds how long the records of requests an
+-- instance never released (it died) stay. A request that holds its slot
+-- longer still gives it back: its own release knows the acquire ran.
 local HOLD_TTL_MS = 86400000
 
 -- acquire_holds reads the hold keys at the end of KEYS (n keys in all):
 -- one per concurrency check of positive cost, in order. It returns the
--- holds ({[check] = hold key, released = true when any is recorded
--- already}), and the number of checks.
+-- holds ({[check] = hold key}, with released = true when a release came
+-- first and recorded "gone", ran = true when this very call ran already
+-- and recorded "held": a client library that sent it again after its
+-- connection broke), and the number of checks.
 local function acquire_holds(n)
   local m, h = 0, 0
   local of = {}
@@ -81,7 +83,12 @@ local function acquire_holds(n)
   local holds = {}
   for i, j in pairs(of) do
     holds[i] = KEYS[m + j]
-    if redis.call('EXISTS', holds[i]) == 1 then holds.released = true end
+    local v = redis.call('GET', holds[i])
+    if v == 'gone' then
+      holds.released = true
+    elseif v then
+      holds.ran = true
+    end
   end
   return holds, m, 'decide'
 end

@@ -30,10 +30,13 @@
 -- order (<prefix>:once:{<tenant>}:<hold id>). The call decides as
 -- "decide", and each such check it charges records its hold key as
 -- "held" for HOLD_TTL_MS: release.lua gives the slot back once, against
--- that record. A hold key that exists already is release.lua's record
--- of a release that came first (the caller gave up on this call's reply
--- and released it before the call ran): then nothing is charged and the
--- call answers as for a request that was not admitted.
+-- that record. A hold recorded "gone" is release.lua's record of a
+-- release that came first (the caller gave up on this call's reply and
+-- released it before the call ran): then nothing is charged and the call
+-- answers as for a request that was not admitted. A hold recorded "held"
+-- means this very call ran already (sent again by the client library
+-- after a broken connection): nothing is charged again, and the call
+-- answers admitted, each check as a cost-0 check sees its bucket.
 --
 -- Force (limiter.RedisStore.Charge: settlements, recovery charges,
 -- refunds): every check moves units in order, whatever the others do. A
@@ -64,11 +67,16 @@ elseif mode == 'acquire' then
   holds, n, mode = acquire_holds(n)
 end
 local now = now_us(ARGV[2])
-if holds and holds.released then
-  local out = {0, now}
+if holds and (holds.released or holds.ran) then
+  local out = {holds.ran and 1 or 0, now}
   for i = 1, n do
     local j = 3 + 4 * (i - 1)
     out[j], out[j + 1], out[j + 2], out[j + 3] = 0, 0, 0, 0
+    if holds.ran then
+      local alg, r = parse_check(i, 2)
+      local _, rem, _, reset = alg.eval((load(alg, KEYS[i])), now, r, 0)
+      out[j], out[j + 1], out[j + 3] = 1, rem, math.max(reset, 0)
+    end
   end
   return out
 end
