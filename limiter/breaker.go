@@ -331,18 +331,13 @@ func (b *BreakerStore) Release(ctx context.Context, checks []Check) error {
 	return err
 }
 
-// releaseLost implements lostReleaser when the inner store does (else it
-// is Release).
+// releaseLost implements lostReleaser (see releaseLostTo).
 func (b *BreakerStore) releaseLost(ctx context.Context, checks []Check) error {
-	lr, ok := b.inner.(lostReleaser)
-	if !ok {
-		return b.Release(ctx, checks)
-	}
 	t, err := b.before()
 	if err != nil {
 		return err
 	}
-	err = lr.releaseLost(ctx, checks)
+	err = releaseLostTo(ctx, b.inner, checks)
 	b.after(ctx, t, err)
 	return err
 }

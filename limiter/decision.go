@@ -214,7 +214,7 @@ func (d *Decision) Release(ctx context.Context, fb Fallback) error {
 	d.checks = d.checks[:n]
 	err := d.decidedBy.Release(ctx, d.checks)
 	if err != nil && fb.Recorder != nil && !errors.Is(err, ErrInvalidCheck) {
-		fb.Recorder.RetryRelease(d.checks)
+		fb.Recorder.RetryRelease(d.checks, NotSent(err))
 	}
 	return err
 }

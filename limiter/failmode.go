@@ -136,7 +136,7 @@ func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallbac
 		// Slots the lost call may have taken: released once the store
 		// answers (a release that comes first keeps the call from taking
 		// them, see hold.go).
-		fb.Recorder.RetryRelease(d.checks)
+		fb.Recorder.RetryRelease(d.checks, false)
 	}
 	if CallerLeft(ctx, err) {
 		return err

@@ -77,6 +77,15 @@ type lostReleaser interface {
 	releaseLost(ctx context.Context, checks []Check) error
 }
 
+// releaseLostTo releases checks in store as a lostReleaser does. A store
+// that keeps no holds (MemoryStore) releases them by count, as ever.
+func releaseLostTo(ctx context.Context, store Store, checks []Check) error {
+	if lr, ok := store.(lostReleaser); ok {
+		return lr.releaseLost(ctx, checks)
+	}
+	return store.Release(ctx, checks)
+}
+
 // ranError is the error of a call made after the same request's store
 // call had run and taken slots: it is not NotSent whatever it wraps, so
 // that the slots are released (DecideOrFallback keeps the release of a

@@ -259,3 +259,30 @@ func TestHoldRecordGone(t *testing.T) {
 		t.Fatalf("the other request's record: %q, want held", got)
 	}
 }
+
+// TestHoldLateRelease: a request's own release that arrives after the
+// Recorder's retry of it (sent on another connection, delayed) finds the
+// slot released, and gives nothing back a second time.
+func TestHoldLateRelease(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	c := Check{Algorithm: Concurrency, Tenant: "acme", Policy: "c", Rate: Rate{Limit: 5}, Cost: 1, Hold: NewChargeID()}
+	other := c
+	other.Hold = NewChargeID()
+	res := make([]Result, 1)
+	for _, cc := range []Check{c, other} {
+		if admitted, err := s.Decide(bgCtx, []Check{cc}, res); err != nil || !admitted {
+			t.Fatalf("acquire: admitted %v, %v", admitted, err)
+		}
+	}
+	if err := s.releaseLost(bgCtx, []Check{c}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(bgCtx, []Check{c}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 1 {
+		t.Fatalf("in flight %d after a retry and a late release of one request, want 1 (the other's)", got)
+	}
+}

@@ -768,6 +768,11 @@ func (s *LeaseStore) Release(ctx context.Context, checks []Check) error {
 	return s.inner.Release(ctx, checks)
 }
 
+// releaseLost implements lostReleaser (see releaseLostTo).
+func (s *LeaseStore) releaseLost(ctx context.Context, checks []Check) error {
+	return releaseLostTo(ctx, s.inner, checks)
+}
+
 // Reset implements Store: it forgets this instance's leases and cached
 // denials of tenant in policies, then resets the inner store. Other
 // instances keep theirs until told (see Forget).

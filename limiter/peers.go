@@ -241,6 +241,11 @@ func (s *PeerStore) Release(ctx context.Context, checks []Check) error {
 	return s.inner.Release(ctx, checks)
 }
 
+// releaseLost implements lostReleaser (see releaseLostTo).
+func (s *PeerStore) releaseLost(ctx context.Context, checks []Check) error {
+	return releaseLostTo(ctx, s.inner, checks)
+}
+
 // Reset implements Store: it resets the local buckets; what peers counted
 // goes when they next publish.
 func (s *PeerStore) Reset(ctx context.Context, tenant string, policies []string) error {

@@ -271,8 +271,11 @@ type pendingCall struct {
 	// instead of a charge.
 	giveBack *LeaseRequest
 	// release, when set, are concurrency slots held under ids, released
-	// (Store.Release) instead of a charge.
-	release []Check
+	// instead of a charge: by the request's own release (releaseSure,
+	// Store.Release) until an attempt may have run, then as lost
+	// (lostReleaser).
+	release     []Check
+	releaseSure bool
 }
 
 // NewRecorder returns an empty recorder.
@@ -378,8 +381,12 @@ func (r *Recorder) RetryGiveBack(req *LeaseRequest) {
 // or the acquire, ran (see hold.go). Checks without a Hold are left out:
 // a blind release could free another request's slot. The checks are
 // copied.
-func (r *Recorder) RetryRelease(checks []Check) {
-	c := &pendingCall{at: r.clock.Now().UnixNano()}
+//
+// sure says the release is the request's own, which saw its acquire
+// admitted, and was never sent: it is sent as such (a slot whose record
+// is gone is still given back) until an attempt may have run.
+func (r *Recorder) RetryRelease(checks []Check, sure bool) {
+	c := &pendingCall{at: r.clock.Now().UnixNano(), releaseSure: sure}
 	for i := range checks {
 		if held(&checks[i]) {
 			c.release = append(c.release, checks[i])
@@ -544,14 +551,16 @@ func (r *Recorder) callsOf(st *FlushStats) {
 // nothing of c counts any more), the store's error otherwise.
 func (r *Recorder) send(ctx context.Context, store Charger, c *pendingCall, st *FlushStats) error {
 	if c.release != nil {
-		var err error
-		switch rs := store.(type) {
-		case lostReleaser:
-			err = rs.releaseLost(ctx, c.release)
-		case Store:
-			err = rs.Release(ctx, c.release)
-		default:
+		rs, ok := store.(Store)
+		if !ok {
 			return nil
+		}
+		var err error
+		if c.releaseSure {
+			err = rs.Release(ctx, c.release)
+			c.releaseSure = !mayHaveRun(err)
+		} else {
+			err = releaseLostTo(ctx, rs, c.release)
 		}
 		if errors.Is(err, ErrInvalidCheck) {
 			st.Refused++

@@ -80,10 +80,11 @@ local function acquire_holds(n)
       of[m] = h
     end
   end
-  local holds = {}
+  local holds = {state = {}}
   for i, j in pairs(of) do
     holds[i] = KEYS[m + j]
     local v = redis.call('GET', holds[i])
+    holds.state[i] = v
     if v == 'gone' then
       holds.released = true
     elseif v then

@@ -73,9 +73,12 @@ if holds and (holds.released or holds.ran) then
     local j = 3 + 4 * (i - 1)
     out[j], out[j + 1], out[j + 2], out[j + 3] = 0, 0, 0, 0
     if holds.ran then
+      -- Allowed as the first run allowed: a check with a hold only when
+      -- its slot was taken (a shadow one may have been refused).
       local alg, r = parse_check(i, 2)
       local _, rem, _, reset = alg.eval((load(alg, KEYS[i])), now, r, 0)
-      out[j], out[j + 1], out[j + 3] = 1, rem, math.max(reset, 0)
+      local took = not holds[i] or holds.state[i] == 'held'
+      out[j], out[j + 1], out[j + 3] = took and 1 or 0, rem, math.max(reset, 0)
     end
   end
   return out

@@ -13,7 +13,9 @@
 -- deleted (a fresh bucket). The key keeps its TTL.
 --
 -- With a hold key, each slot is given back once: when its acquire's
--- record says "held", the slot is given back and the record deleted. A
+-- record says "held", the slot is given back and the record deleted (an
+-- unsure release records "gone" instead, for a sure one that may still
+-- be on its way). A
 -- record that says "gone" was released already. No record at all: a sure
 -- release gives the slot back (the record expired, or was evicted, while
 -- the request held its slot); an unsure one cannot tell an acquire that
@@ -40,7 +42,13 @@ for i = 1, n do
   if hold then
     local v = redis.call('GET', hold)
     if v == 'held' then
-      redis.call('DEL', hold)
+      if sure then
+        redis.call('DEL', hold)
+      else
+        -- The request's own release may still arrive (sent before this
+        -- retry, late): it must find the slot released.
+        redis.call('SET', hold, 'gone', 'PX', GONE_TTL_MS)
+      end
     elseif v or not sure then
       give = false
       if not v then redis.call('SET', hold, 'gone', 'PX', GONE_TTL_MS) end
