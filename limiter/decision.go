@@ -131,8 +131,8 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 			// shadow ones, nor algorithms that cannot lease).
 			Lease: it.Policy.Lease,
 		})
-		if it.Policy.Algorithm == Concurrency && it.Cost > 0 {
-			d.checks[len(d.checks)-1].Hold = NewChargeID()
+		if c := &d.checks[len(d.checks)-1]; takesSlots(c) {
+			c.Hold = NewChargeID()
 		}
 		d.counted = append(d.counted, i)
 	}
@@ -203,7 +203,7 @@ func (d *Decision) Release(ctx context.Context, fb Fallback) error {
 	n := 0
 	for j := range d.checks {
 		c := &d.checks[j]
-		if c.Algorithm == Concurrency && c.Cost > 0 && d.results[j].Allowed {
+		if takesSlots(c) && d.results[j].Allowed {
 			d.checks[n] = *c
 			n++
 		}
@@ -225,7 +225,7 @@ func (d *Decision) HoldsSlots() bool {
 		return false
 	}
 	for j := range d.checks {
-		if d.checks[j].Algorithm == Concurrency && d.checks[j].Cost > 0 && d.results[j].Allowed {
+		if takesSlots(&d.checks[j]) && d.results[j].Allowed {
 			return true
 		}
 	}

@@ -34,10 +34,15 @@ import "context"
 // IdempotencyTTL. Releases the Recorder still holds when the instance
 // stops are lost with it, as every call it keeps.
 
-// held reports whether c takes slots under an id: a concurrency check of
-// positive cost with Hold set.
+// takesSlots reports whether c takes concurrency slots when it allows:
+// a concurrency check of positive cost.
+func takesSlots(c *Check) bool {
+	return c.Algorithm == Concurrency && c.Cost > 0
+}
+
+// held reports whether c takes slots under an id.
 func held(c *Check) bool {
-	return c.Algorithm == Concurrency && c.Cost > 0 && c.Hold != ""
+	return takesSlots(c) && c.Hold != ""
 }
 
 // holdsAll reports whether the checks idx hold slots, every one of their
@@ -47,7 +52,7 @@ func holdsAll(checks []Check, idx []int) bool {
 	any := false
 	for _, i := range idx {
 		c := &checks[i]
-		if c.Algorithm == Concurrency && c.Cost > 0 {
+		if takesSlots(c) {
 			if c.Hold == "" {
 				return false
 			}

@@ -547,6 +547,22 @@ func (r *Recorder) callsOf(st *FlushStats) {
 	r.mu.Unlock()
 }
 
+// answered counts a kept call of n checks the store answered err: a call
+// it refused as invalid (or as a lease it cannot take) is dropped, never
+// retried; another error keeps it.
+func (r *Recorder) answered(st *FlushStats, err error, n int) error {
+	if errors.Is(err, ErrInvalidCheck) || errors.Is(err, ErrLeaseUnsupported) {
+		st.Refused++
+		r.refused.Add(1)
+		return nil
+	}
+	if err == nil {
+		st.Calls++
+		st.Buckets += int64(n)
+	}
+	return err
+}
+
 // send makes call c once more. It returns nil when the store answered (or
 // nothing of c counts any more), the store's error otherwise.
 func (r *Recorder) send(ctx context.Context, store Charger, c *pendingCall, st *FlushStats) error {
@@ -562,16 +578,7 @@ func (r *Recorder) send(ctx context.Context, store Charger, c *pendingCall, st *
 		} else {
 			err = releaseLostTo(ctx, rs, c.release)
 		}
-		if errors.Is(err, ErrInvalidCheck) {
-			st.Refused++
-			r.refused.Add(1)
-			return nil
-		}
-		if err == nil {
-			st.Calls++
-			st.Buckets += int64(len(c.release))
-		}
-		return err
+		return r.answered(st, err, len(c.release))
 	}
 	if c.giveBack != nil {
 		lt, ok := store.(LeaseTaker)
@@ -580,16 +587,7 @@ func (r *Recorder) send(ctx context.Context, store Charger, c *pendingCall, st *
 		}
 		results := make([]Result, len(c.giveBack.Checks))
 		_, err := lt.Lease(ctx, c.giveBack, results)
-		if errors.Is(err, ErrInvalidCheck) || errors.Is(err, ErrLeaseUnsupported) {
-			st.Refused++
-			r.refused.Add(1)
-			return nil
-		}
-		if err == nil {
-			st.Calls++
-			st.Buckets += int64(len(c.giveBack.Checks))
-		}
-		return err
+		return r.answered(st, err, len(c.giveBack.Checks))
 	}
 	age := r.clock.Now().UnixNano() - c.at
 	checks := make([]Check, 0, len(c.checks))

@@ -27,7 +27,7 @@
 --
 -- Returns {the number of keys released} (a list, as every script this
 -- store calls answers).
-local GONE_TTL_MS = 600000
+local GONE_TTL_MS = 600000 -- limiter.IdempotencyTTL, as ONCE_TTL_MS (common.lua)
 local n = #ARGV
 local sure
 local mode = ARGV[n]
