@@ -344,10 +344,10 @@ func (b *batcher) send(p *batchPipe, batch []*batchCall) (timedOut bool) {
 		if b.redirect != nil && isRedirect(err) {
 			rctx, rcancel := context.WithTimeout(c.ctx, c.timeout)
 			cmd := c.command(rctx, argEvalSha, c.script.shaArg)
-			_ = b.redirect.Process(rctx, noRetry{cmd})
+			_ = b.redirect.Process(rctx, cmd)
 			if isNoScript(cmd.Err()) {
 				cmd = c.command(rctx, argEval, c.script.srcArg)
-				_ = b.redirect.Process(rctx, noRetry{cmd})
+				_ = b.redirect.Process(rctx, cmd)
 			}
 			val, err = cmd.Result()
 			rcancel()
