@@ -101,6 +101,14 @@ func (c Connection) options() (*redis.UniversalOptions, error) {
 		ReadTimeout:           timeout,
 		WriteTimeout:          timeout,
 		PoolTimeout:           timeout,
+		// No retries by go-redis: it would send a pipeline again after a
+		// read timed out or the connection broke, and Redis may have run
+		// the first copy (a paused Redis runs both when it resumes): a
+		// decision or a lease charged twice, a slot acquired again after
+		// its release. A failed call goes to the fail mode and, when it
+		// moves units a tenant used, to the Recorder, which retries it
+		// under its id.
+		MaxRetries: -1,
 	}
 	if c.TLS != nil {
 		tc, err := c.TLS.config(c.Addresses)

@@ -302,7 +302,8 @@ func (b *batcher) send(p *batchPipe, batch []*batchCall) (timedOut bool) {
 	}
 	// The deadline starts now, at the write: time queued is not Redis's.
 	sent := time.Now()
-	ctx, cancel := context.WithDeadline(context.Background(), sent.Add(timeout))
+	deadline := sent.Add(timeout)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	fcall := !b.noFunctions.Load()
 	mode := execEvalSha
@@ -341,22 +342,25 @@ func (b *batcher) send(p *batchPipe, batch []*batchCall) (timedOut bool) {
 	took := time.Since(sent)
 	for _, c := range live {
 		val, err := c.cmd.Result()
+		// Past the deadline without its reply: a stall (a timeout, or the
+		// retries of a broken connection cut short). Replies read in
+		// time are none, however late this goroutine ran after them.
+		// The socket's deadline is the context's, and the reader can
+		// wake before the context's timer has fired: ctx.Err() may still
+		// be nil here, so the error and the clock decide.
+		timedOut = timedOut || (err != nil && (IsTimeout(err) || !time.Now().Before(deadline)))
 		if b.redirect != nil && isRedirect(err) {
 			rctx, rcancel := context.WithTimeout(c.ctx, c.timeout)
 			cmd := c.command(rctx, argEvalSha, c.script.shaArg)
-			_ = b.redirect.Process(rctx, cmd)
+			_ = b.redirect.Process(rctx, noRetry{cmd})
 			if isNoScript(cmd.Err()) {
 				cmd = c.command(rctx, argEval, c.script.srcArg)
-				_ = b.redirect.Process(rctx, cmd)
+				_ = b.redirect.Process(rctx, noRetry{cmd})
 			}
 			val, err = cmd.Result()
 			rcancel()
 		}
 		c.sent, c.took = sent, took
-		// Past the deadline without its reply: a stall (a timeout, or
-		// the retries of a broken connection cut short). Replies read in
-		// time are none, however late this goroutine ran after them.
-		timedOut = timedOut || (err != nil && ctx.Err() != nil)
 		b.finish(c, val, err)
 	}
 	return timedOut

@@ -2,7 +2,10 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -220,6 +223,105 @@ func TestBatchingStoreTimeout(t *testing.T) {
 		// the stale replies' time, then every call must be answered.
 		time.Sleep(timeout)
 		answered(round)
+	}
+}
+
+// stallHook is a go-redis hook that, while armed, holds each pipeline of
+// script calls until released and then fails it with a socket timeout
+// without sending it: what a reader sees when the socket's deadline fires
+// a moment before the call's context reports its own.
+type stallHook struct {
+	armed   atomic.Bool
+	held    chan struct{} // one value per pipeline held
+	release chan struct{} // closed to let held pipelines fail
+	sent    atomic.Int64  // script calls that reached Redis
+}
+
+func (h *stallHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *stallHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if scriptCalls(cmds...) == 0 || !h.armed.Load() {
+			h.sent.Add(scriptCalls(cmds...))
+			return next(ctx, cmds)
+		}
+		h.held <- struct{}{}
+		<-h.release
+		err := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+		for _, c := range cmds {
+			c.SetErr(err)
+		}
+		return err
+	}
+}
+
+// TestBatchingStallSeenBeforeContext: calls queued behind batches that
+// timed out fail at once (errBehindStalled, unsent), even when the batch's
+// reader sees the socket's timeout before the context's timer has fired.
+// Before, the batcher asked only the context, and a call queued behind a
+// stalled Redis was sent in the next batch and waited a second timeout
+// (TestFaultPause: a call of 201-203 ms against a 100 ms timeout, 3 runs
+// in 8 with go-redis's retries off).
+func TestBatchingStallSeenBeforeContext(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	opts := srv.ClientOptions()
+	opts.ContextTimeoutEnabled = true
+	client := redis.NewClient(opts)
+	defer client.Close()
+	h := &stallHook{held: make(chan struct{}, maxBatchFlushers), release: make(chan struct{})}
+	client.AddHook(h)
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: 5 * time.Second})
+	rate := Rate{Limit: 1000, Window: time.Hour}
+	check := func(i int) []Check {
+		return []Check{{Algorithm: TokenBucket, Tenant: "t-" + strconv.Itoa(i), Policy: "p", Rate: rate, Cost: 1}}
+	}
+	mustDecide(t, s, check(0)...) // the library is loaded
+	h.armed.Store(true)
+	b := s.batcherFor(bgCtx, nil)
+	if b == nil {
+		t.Fatal("the store does not batch")
+	}
+
+	const queued = 6
+	errs := make([]error, maxBatchFlushers+queued)
+	var wg sync.WaitGroup
+	for i := range maxBatchFlushers {
+		wg.Go(func() { _, errs[i] = s.Decide(bgCtx, check(i), make([]Result, 1)) })
+		<-h.held // each flusher holds one batch
+	}
+	for i := range queued {
+		wg.Go(func() { _, errs[maxBatchFlushers+i] = s.Decide(bgCtx, check(maxBatchFlushers+i), make([]Result, 1)) })
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		b.mu.Lock()
+		n := len(b.queue)
+		b.mu.Unlock()
+		if n == queued {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", n, queued)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	before := h.sent.Load()
+	start := time.Now()
+	close(h.release)
+	wg.Wait()
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the calls ended %v after the stalled batches did", took)
+	}
+	for i, err := range errs {
+		switch {
+		case i < maxBatchFlushers && !IsTimeout(err):
+			t.Errorf("call %d, in a stalled batch: %v, want a timeout", i, err)
+		case i >= maxBatchFlushers && !errors.Is(err, errBehindStalled):
+			t.Errorf("call %d, queued behind the stalled batches: %v, want %v", i, err, errBehindStalled)
+		}
+	}
+	if n := h.sent.Load() - before; n != 0 {
+		t.Errorf("%d queued calls were sent to Redis after the stall, want 0", n)
 	}
 }
 

@@ -68,6 +68,7 @@ func handlerOptions(o *redis.UniversalOptions) *redis.UniversalOptions {
 	o.ReadTimeout = faultTimeout
 	o.WriteTimeout = faultTimeout
 	o.PoolTimeout = faultTimeout
+	o.MaxRetries = -1
 	return o
 }
 

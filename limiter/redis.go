@@ -717,9 +717,18 @@ func (s *RedisStore) callDirect(ctx context.Context, name, fn any, keys []string
 		a = append(a, k)
 	}
 	cmd := redis.NewIntSliceCmd(ctx, append(a, args...)...)
-	_ = s.client.Process(ctx, cmd)
+	_ = s.client.Process(ctx, noRetry{cmd})
 	return cmd.Result()
 }
+
+// noRetry is a script call go-redis must not send again: a cluster client
+// retries a command whose connection broke after the write, or whose
+// reply timed out, whatever MaxRetries says, unless the command refuses
+// (and Redis may have run the first copy: see fleet/connection.go).
+type noRetry struct{ *redis.IntSliceCmd }
+
+// NoRetry implements redis.Cmder.
+func (noRetry) NoRetry() bool { return true }
 
 // batcherFor returns the batcher of the node keys live on, nil when the
 // store does not batch (or the node is not known).
