@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -812,6 +813,177 @@ func TestFaultConcurrencyLostReplies(t *testing.T) {
 	for _, k := range keys {
 		if v := r.client.Get(bgCtx, k).Val(); v != "gone" {
 			t.Errorf("%s = %q, want gone", k, v)
+		}
+	}
+}
+
+// pauseAfterHook is a go-redis hook for the node clients of a cluster: once
+// armed, the first script call answered by node `after` pauses `then`
+// (SIGSTOP), so that what the caller sends `then` next meets a stalled
+// node. Only the timing is the hook's; the stall is a real process's.
+type pauseAfterHook struct {
+	addr  string // the node client this hook is on
+	after string
+	then  *redistest.Server
+	armed *atomic.Bool
+}
+
+func (h pauseAfterHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h pauseAfterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.answered(cmd)
+		return err
+	}
+}
+
+func (h pauseAfterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.answered(cmds...)
+		return err
+	}
+}
+
+func (h pauseAfterHook) answered(cmds ...redis.Cmder) {
+	if h.addr == h.after && scriptCalls(cmds...) > 0 && h.armed.CompareAndSwap(true, false) {
+		h.then.Pause()
+	}
+}
+
+// TestFaultCrossSlotCompensationLost: a request whose checks span two
+// cluster nodes is charged on the first (a concurrency slot and a token
+// bucket unit) and denied on the second; the first node stalls (SIGSTOP)
+// before the compensation reaches it. The release and the refund time out,
+// the error says they may have run (so the fail mode keeps the release for
+// the recorder), and once the node resumes, what Redis holds is what the
+// tenant used: nothing, the request was denied.
+func TestFaultCrossSlotCompensationLost(t *testing.T) {
+	checkLeaks(t)
+	c := redistest.StartCluster(t, 3, 0)
+	opts := handlerOptions(&redis.UniversalOptions{Addrs: c.Addrs, IsClusterMode: true})
+	client := redis.NewClusterClient(opts.Cluster())
+	defer client.Close()
+
+	// Two tenants whose keys live on different masters, as the cluster
+	// itself says.
+	admin := redis.NewClient(&redis.Options{Addr: c.Addrs[0]})
+	shards, err := admin.ClusterShards(bgCtx).Result()
+	admin.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := func(tenant string) *redistest.Server {
+		slot := int64(keySlot([]byte("{" + tenant + "}")))
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if slot < r.Start || slot > r.End {
+					continue
+				}
+				for _, n := range sh.Nodes {
+					for _, m := range c.Masters {
+						if n.Role == "master" && m.Port == int(n.Port) {
+							return m
+						}
+					}
+				}
+			}
+		}
+		t.Fatalf("no master serves slot %d", slot)
+		return nil
+	}
+	acme, other := "acme", ""
+	for i := 0; other == ""; i++ {
+		if name := "t-" + strconv.Itoa(i); master(name) != master(acme) {
+			other = name
+		}
+	}
+	armed := new(atomic.Bool)
+	client.OnNewNode(func(n *redis.Client) {
+		n.AddHook(pauseAfterHook{addr: n.Options().Addr, after: master(other).Addr, then: master(acme), armed: armed})
+	})
+	resumed := true
+	defer func() {
+		if !resumed {
+			master(acme).Resume()
+		}
+	}()
+
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: faultTimeout})
+	defer s.Close()
+	rec := NewRecorder(RecorderOptions{})
+	fb := Fallback{Recorder: rec}
+	slots := &Policy{Name: "c", Algorithm: Concurrency, FailMode: FailClosed, Limit: Limit{Rate: Rate{Limit: 5}}}
+	tb := &Policy{Name: "tb", Algorithm: TokenBucket, FailMode: FailClosed, Limit: Limit{Rate: Rate{Limit: 100, Window: time.Hour}}}
+	var full Decision
+	if err := full.DecideOrFallback(bgCtx, s, fb, []Item{{Policy: slots, Tenant: other, Cost: 5}}); err != nil || !full.Admitted {
+		t.Fatalf("filling %s: admitted %v, %v", other, full.Admitted, err)
+	}
+
+	var d Decision
+	armed.Store(true)
+	resumed = false
+	err = d.DecideOrFallback(bgCtx, s, fb, []Item{{Policy: slots, Tenant: acme, Cost: 1}, {Policy: tb, Tenant: acme, Cost: 1}, {Policy: slots, Tenant: other, Cost: 1}})
+	if armed.Load() {
+		t.Fatal("the denying node's answer was not seen")
+	}
+	if err == nil || NotSent(err) || d.Admitted {
+		t.Fatalf("compensation against a stalled node: admitted %v, %v; want a failure that may have run, denied (fail closed)", d.Admitted, err)
+	}
+	t.Logf("decide: %v", err)
+	if got := rec.Pending(); got != 1 {
+		t.Fatalf("recorder holds %d calls, want 1 (the release)", got)
+	}
+	master(acme).Resume()
+	resumed = true
+
+	// Redis runs the release and the refund it had received; the
+	// recorder's release, sent again, finds the slot given back.
+	deadline := time.Now().Add(5 * time.Second)
+	for rec.Pending() > 0 && time.Now().Before(deadline) {
+		fctx, fcancel := context.WithTimeout(bgCtx, time.Second)
+		st, ferr := rec.Flush(fctx, s)
+		fcancel()
+		t.Logf("flush: %+v, %v", st, ferr)
+		if ferr != nil {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if got := rec.Pending(); got != 0 {
+		t.Fatalf("recorder still holds %d calls", got)
+	}
+	if a, o := inFlight(t, client, acme, "c"), inFlight(t, client, other, "c"); a != 0 || o != 5 {
+		t.Errorf("in flight %s %d, %s %d after recovery; want 0 and 5", acme, a, other, o)
+	}
+	// The refund of the token bucket's unit has no id: when it was
+	// written before the node stalled, Redis ran it on resuming (100
+	// remaining); when the stall found it unwritten (its connection's
+	// handshake timed out), the unit stays charged until it refills (99),
+	// on the strict side, as documented. Never more than one unit.
+	tbCheck := Check{Algorithm: TokenBucket, Tenant: acme, Policy: "tb", Rate: tb.Limit.Rate, Cost: 1}
+	peek := make([]Result, 1)
+	if err := s.Peek(bgCtx, []Check{tbCheck}, peek); err != nil {
+		t.Fatal(err)
+	}
+	if got := peek[0].Remaining; got != 99 && got != 100 {
+		t.Errorf("token bucket of %s: %d remaining after recovery, want 100 (refund ran) or 99 (refund lost)", acme, got)
+	} else {
+		t.Logf("token bucket of %s: %d remaining after recovery", acme, got)
+	}
+	// No record of acme's slot is left held.
+	node := redis.NewClient(&redis.Options{Addr: master(acme).Addr})
+	defer node.Close()
+	keys, err := node.Keys(bgCtx, DefaultPrefix+":once:{"+acme+"}:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) == 0 {
+		t.Errorf("no record of %s's slot after recovery, want one recorded gone", acme)
+	}
+	for _, k := range keys {
+		if v := node.Get(bgCtx, k).Val(); v != "gone" {
+			t.Errorf("%s = %q after recovery, want gone", k, v)
 		}
 	}
 }

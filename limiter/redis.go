@@ -119,7 +119,9 @@ func (o *RedisOptions) queueTimeout() time.Duration {
 // charged units, and may be denied; two requests racing on two slots may
 // both be denied where one would have been admitted; never is more admitted
 // than the limits allow. A refund that fails (timeout) leaves its units
-// charged until they refill (a concurrency slot: until its safety TTL).
+// charged until they refill, unless Redis ran it; a concurrency slot held
+// under an id is released instead, and a failed release is an error that
+// may have run (ranError), so the fail mode hands it to the recorder.
 // Standalone and Sentinel always use one call.
 //
 // When a call fails in a cluster, the store asks the client to reload its
