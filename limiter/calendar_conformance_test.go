@@ -361,8 +361,8 @@ func TestLeaseCalendarExpiry(t *testing.T) {
 
 // TestRedisCalendarCluster: a request whose calendar checks span two
 // cluster slots, in two zones, is decided slot by slot; when the second
-// slot denies, the first slot's charge is refunded (the refund script
-// gets the boundaries too) and both stores agree throughout.
+// slot denies, the first slot's charge is given back (the give-back's
+// call gets the boundaries too) and both stores agree throughout.
 func TestRedisCalendarCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, 3, 0)
 	clk := newManualClock(baseTime)

@@ -137,6 +137,11 @@ func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallbac
 		// answers (a release that comes first keeps the call from taking
 		// them, see hold.go).
 		fb.Recorder.RetryRelease(d.checks, false)
+		// A cross-slot give-back that failed: sent again under its id.
+		var ran ranError
+		if errors.As(err, &ran) && ran.giveBack != nil {
+			fb.Recorder.Retry(ran.giveBackID, ran.giveBack)
+		}
 	}
 	if CallerLeft(ctx, err) {
 		return err

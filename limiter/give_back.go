@@ -108,13 +108,11 @@ func (d *Decision) giveBack(ctx context.Context, fb Fallback, pick func(j, i int
 	var checks []Check
 	var rates []Rate
 	for j, i := range d.counted {
-		c := d.checks[j]
+		c := &d.checks[j]
 		if c.Cost <= 0 || !d.results[j].Allowed || !pick(j, i) {
 			continue
 		}
-		c.Cost, c.Shadow, c.Rate.Delay = -c.Cost, false, 0
-		c.ChargedAt = d.results[j].At
-		checks = append(checks, c)
+		checks = append(checks, giveBackCheck(c, d.results[j].At))
 		rates = append(rates, d.Verdicts[i].Limit.Rate)
 	}
 	ch, ok := d.decidedBy.(Charger)
@@ -141,6 +139,17 @@ func (d *Decision) giveBack(ctx context.Context, fb Fallback, pick func(j, i int
 		fb.Recorder.Retry(id, checks)
 	}
 	return err
+}
+
+// giveBackCheck returns the check that gives back, through a Charger,
+// what c charged at the instant at (Unix ns): its cost negated, at its
+// instant, without the shadow flag and the delay that do not apply to a
+// charge.
+func giveBackCheck(c *Check, at int64) Check {
+	g := *c
+	g.Cost, g.Shadow, g.Rate.Delay = -g.Cost, false, 0
+	g.ChargedAt = at
+	return g
 }
 
 // errGiveBackAfterRelease: Release compacted the checks GiveBack needs.

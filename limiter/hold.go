@@ -92,9 +92,15 @@ func releaseLostTo(ctx context.Context, store Store, checks []Check) error {
 }
 
 // ranError is the error of a call made after the same request's store
-// call had run and taken slots: it is not NotSent whatever it wraps, so
-// that the slots are released (DecideOrFallback keeps the release of a
-// call that may have run).
-type ranError struct{ err error }
+// call had run and taken slots or charged units: it is not NotSent
+// whatever it wraps, so that the slots are released (DecideOrFallback
+// keeps the release of a call that may have run). A cross-slot give-back
+// that failed rides along (giveBack, under giveBackID), for
+// DecideOrFallback to hand to the recorder.
+type ranError struct {
+	err        error
+	giveBackID string
+	giveBack   []Check
+}
 
 func (e ranError) Error() string { return e.err.Error() }

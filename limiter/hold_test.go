@@ -168,8 +168,7 @@ func TestHoldCluster(t *testing.T) {
 	}
 
 	// A request its second slot denies: the first slot's charge is given
-	// back with its record (by the refund script, the record stayed
-	// "held" for HoldTTL).
+	// back with its record (a release, which deletes it).
 	var full, denied Decision
 	if err := full.Decide(bgCtx, s, []Item{{Policy: p, Tenant: "globex", Cost: 5}}); err != nil || !full.Admitted {
 		t.Fatalf("filling globex: admitted %v, %v", full.Admitted, err)

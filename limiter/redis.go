@@ -60,7 +60,7 @@ type RedisOptions struct {
 	// no breaker counts it. Timeout counts from the write.
 	QueueTimeout time.Duration
 	// Observe, when not nil, is called after every script round trip with
-	// the script ("decide", "peek", "dry", "force", "refund", "lease",
+	// the script ("decide", "peek", "dry", "force", "lease",
 	// "lease_return" or "release"), how it ended ("ok", "error",
 	// "timeout", or "noscript" for an EVALSHA that Redis did not know,
 	// which is then retried at once with EVAL) and how long the round
@@ -113,15 +113,17 @@ func (o *RedisOptions) queueTimeout() time.Duration {
 // *redis.ClusterClient, the store decides slot by slot, in order of first
 // appearance, with compensation: each slot's checks are decided atomically
 // and charged if they admit; once a slot denies, the remaining slots are
-// only evaluated (not charged) and the slots already charged are refunded
-// by a second script (lua.Refund). This is not atomic across slots:
-// between a charge and its refund (one round trip) other requests see the
-// charged units, and may be denied; two requests racing on two slots may
-// both be denied where one would have been admitted; never is more admitted
-// than the limits allow. A refund that fails (timeout) leaves its units
-// charged until they refill, unless Redis ran it; a concurrency slot held
-// under an id is released instead, and a failed release is an error that
-// may have run (ranError), so the fail mode hands it to the recorder.
+// only evaluated (not charged) and what the slots before charged is given
+// back: concurrency slots released, other units by a Charge under an id
+// (compensate). This is not atomic across slots:
+// between a charge and its give-back (one round trip) other requests see
+// the charged units, and may be denied; two requests racing on two slots
+// may both be denied where one would have been admitted; never is more
+// admitted than the limits allow. A give-back or release that fails is an
+// error that says something ran (ranError) and carries the give-back: the
+// fail mode hands both to the recorder, which sends them until Redis
+// answers, each landing once (the give-back under its id, a held slot
+// against its record).
 // Standalone and Sentinel always use one call.
 //
 // When a call fails in a cluster, the store asks the client to reload its
@@ -219,7 +221,6 @@ func newLuaScript(src, entry string) *luaScript {
 
 var (
 	decideScript  = newLuaScript(lua.Decide, "decide")
-	refundScript  = newLuaScript(lua.Refund, "refund")
 	releaseScript = newLuaScript(lua.Release, "release")
 	resetScript   = newLuaScript(lua.Reset, "reset")
 
@@ -236,7 +237,6 @@ var (
 	argAcquire       any = "acquire"
 	argReleaseSure   any = "sure"
 	argReleaseUnsure any = "unsure"
-	scriptRefund         = &redisScript{"refund", refundScript, nil}
 	scriptRelease        = &redisScript{"release", releaseScript, nil}
 	scriptReset          = &redisScript{"reset", resetScript, nil}
 )
@@ -273,7 +273,7 @@ type redisScratch struct {
 	args  []any
 	all   []int   // 0..n-1
 	cal   []int64 // period boundaries of the calendar checks (appendCalendarArgs)
-	// results receives the replies of Charge and Refund, units the units
+	// results receives the replies of Charge, units the units
 	// each check of a Charge moved.
 	results []Result
 	units   []int64
@@ -348,7 +348,7 @@ func (s *RedisStore) Decide(ctx context.Context, checks []Check, results []Resul
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
 	if !multi {
-		admitted, _, err := s.run(ctx, sc, scriptDecide, 0, checks, sc.all, results)
+		admitted, _, err := s.run(ctx, sc, scriptDecide, checks, sc.all, results)
 		return admitted, err
 	}
 	return s.decideSlots(ctx, sc, checks, results)
@@ -357,28 +357,23 @@ func (s *RedisStore) Decide(ctx context.Context, checks []Check, results []Resul
 // decideSlots decides checks that span several cluster slots, slot by slot
 // with compensation (see RedisStore).
 func (s *RedisStore) decideSlots(ctx context.Context, sc *redisScratch, checks []Check, results []Result) (bool, error) {
-	type charged struct {
-		idx []int
-		at  int64
-	}
-	var done []charged
+	var done [][]int // the groups that admitted, so were charged
 	admitted := true
 	var err error
 	for _, g := range sc.groups() {
 		if !admitted {
 			// Denied already: only evaluate, for the results.
-			if _, _, err = s.run(ctx, sc, scriptDry, 0, checks, g, results); err != nil {
+			if _, _, err = s.run(ctx, sc, scriptDry, checks, g, results); err != nil {
 				break
 			}
 			continue
 		}
 		var ok bool
-		var at int64
-		if ok, at, err = s.run(ctx, sc, scriptDecide, 0, checks, g, results); err != nil {
+		if ok, _, err = s.run(ctx, sc, scriptDecide, checks, g, results); err != nil {
 			break
 		}
 		if ok {
-			done = append(done, charged{g, at})
+			done = append(done, g)
 		} else {
 			admitted = false
 		}
@@ -386,39 +381,66 @@ func (s *RedisStore) decideSlots(ctx context.Context, sc *redisScratch, checks [
 	if err == nil && admitted {
 		return true, nil
 	}
-	// Give back what the admitting slots charged: every check that allowed
-	// with a positive cost; slots held under an id are released against
-	// their record, which goes with them.
-	for _, d := range done {
-		var idx []int
-		var slots []Check
-		for _, i := range d.idx {
+	return false, s.compensate(ctx, checks, done, results, err)
+}
+
+// compensate gives back what the slots listed in done charged before a
+// later slot denied the request (or its call failed with err): every check
+// that allowed with a positive cost. Concurrency slots are released
+// (against their hold, when they carry one); the other checks' units are
+// given back at the instant they were charged, by one Charge under a new
+// id. When either fails, the error is a ranError (something ran), and one
+// whose give-back failed carries it, id and all, so that DecideOrFallback
+// hands it to the recorder: sent again, it lands once. A check given back
+// reports its bucket afterwards.
+func (s *RedisStore) compensate(ctx context.Context, checks []Check, done [][]int, results []Result, err error) error {
+	var slots, back []Check
+	var slotOf, backOf []int
+	for _, g := range done {
+		for _, i := range g {
+			c := &checks[i]
 			switch {
-			case !results[i].Allowed || checks[i].Cost <= 0:
-			case held(&checks[i]):
-				slots = append(slots, checks[i])
+			case !results[i].Allowed || c.Cost <= 0:
+			case c.Algorithm == Concurrency:
+				slots = append(slots, *c)
+				slotOf = append(slotOf, i)
 			default:
-				idx = append(idx, i)
+				back = append(back, giveBackCheck(c, results[i].At))
+				backOf = append(backOf, i)
 			}
 		}
-		if len(slots) > 0 {
-			if rerr := s.Release(ctx, slots); rerr != nil {
-				// Its slots were taken: the error must not say that
-				// nothing ran (NotSent), or no one releases them.
-				err = ranError{errors.Join(err, fmt.Errorf("limiter: release after a cross-slot denial: %w", rerr))}
+	}
+	var ran ranError
+	if len(slots) > 0 {
+		if rerr := s.Release(ctx, slots); rerr != nil {
+			ran.err = fmt.Errorf("limiter: release after a cross-slot denial: %w", rerr)
+		} else {
+			for _, i := range slotOf {
+				results[i].Remaining = min(results[i].Remaining+checks[i].Cost, checks[i].Rate.Limit)
 			}
 		}
-		if len(idx) == 0 {
-			continue
-		}
-		if _, _, rerr := s.run(ctx, sc, scriptRefund, d.at, checks, idx, results); rerr != nil && err == nil {
-			err = fmt.Errorf("limiter: refund after a cross-slot denial: %w", rerr)
+	}
+	if len(back) > 0 {
+		id := NewChargeID()
+		got := make([]Result, len(back))
+		if gerr := s.charge(ctx, id, back, make([]int64, len(back)), got); gerr != nil {
+			ran.err = errors.Join(ran.err, fmt.Errorf("limiter: give-back after a cross-slot denial: %w", gerr))
+			ran.giveBackID, ran.giveBack = id, back
+		} else {
+			for k, i := range backOf {
+				// Allowed, as the check was, with nothing kept: no wait.
+				results[i].Remaining, results[i].Reset = got[k].Remaining, got[k].Reset
+				results[i].RetryAfter, results[i].Wait = 0, 0
+			}
 		}
 	}
-	if err != nil {
-		return false, err
+	if ran.err != nil {
+		// Its slots were taken or its units charged: the error must not
+		// say that nothing ran (NotSent), or no one gives them back.
+		ran.err = errors.Join(err, ran.err)
+		return ran
 	}
-	return false, nil
+	return err
 }
 
 // Peek implements Store with the semantics of MemoryStore.Peek.
@@ -433,11 +455,11 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
 	if !multi {
-		_, _, err := s.run(ctx, sc, scriptPeek, 0, checks, sc.all, results)
+		_, _, err := s.run(ctx, sc, scriptPeek, checks, sc.all, results)
 		return err
 	}
 	for _, g := range sc.groups() {
-		if _, _, err := s.run(ctx, sc, scriptPeek, 0, checks, g, results); err != nil {
+		if _, _, err := s.run(ctx, sc, scriptPeek, checks, g, results); err != nil {
 			return err
 		}
 	}
@@ -457,6 +479,12 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 // whose call failed or was not made (a call that timed out may still have
 // run: retry it with the same id).
 func (s *RedisStore) Charge(ctx context.Context, id string, checks []Check, charged []int64) error {
+	return s.charge(ctx, id, checks, charged, nil)
+}
+
+// charge is Charge; when out is not nil, out[i] receives the bucket of
+// check i after its call (remaining and reset).
+func (s *RedisStore) charge(ctx context.Context, id string, checks []Check, charged []int64, out []Result) error {
 	if len(charged) < len(checks) {
 		return errShortResults
 	}
@@ -495,21 +523,23 @@ func (s *RedisStore) Charge(ctx context.Context, id string, checks []Check, char
 			sc.buf = appendOnceKey(sc.buf[:0], s.prefix, checks[g[0]].Tenant, id)
 			sc.once = string(sc.buf)
 		}
-		_, _, err := s.run(ctx, sc, scriptForce, 0, checks, g, results)
+		_, _, err := s.run(ctx, sc, scriptForce, checks, g, results)
 		if err != nil {
 			return err
 		}
 		for _, i := range g {
 			charged[i] = sc.units[i]
+			if out != nil {
+				out[i] = results[i]
+			}
 		}
 	}
 	return nil
 }
 
-// run calls script (the decide script in one of its modes, or the refund
-// script for charges made at the instant at) on the checks idx and stores
-// their results. It returns the script's admission and instant.
-func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScript, at int64, checks []Check, idx []int, results []Result) (bool, int64, error) {
+// run calls the decide script in script's mode on the checks idx and
+// stores their results. It returns the script's admission and instant.
+func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScript, checks []Check, idx []int, results []Result) (bool, int64, error) {
 	var nowArg any = argZero
 	if s.now != nil {
 		nowArg = strconv.FormatInt(s.now(), 10)
@@ -523,10 +553,8 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 		sc.args = append(sc.args[:0], argForceOnce, nowArg)
 	case acquire:
 		sc.args = append(sc.args[:0], argAcquire, nowArg)
-	case script.mode != nil:
-		sc.args = append(sc.args[:0], script.mode, nowArg)
 	default:
-		sc.args = append(sc.args[:0], nowArg, strconv.FormatInt(at, 10))
+		sc.args = append(sc.args[:0], script.mode, nowArg)
 	}
 	keys := sc.appendCheckArgs(checks, idx)
 	if script == scriptForce && sc.once != "" {

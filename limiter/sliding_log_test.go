@@ -531,14 +531,16 @@ func TestRedisSlidingLogUpgrade(t *testing.T) {
 	}
 }
 
-// runRefund runs the refund script on checks charged at the µs instant at,
-// as RedisStore does after a cross-slot denial.
+// runRefund gives back checks charged at the µs instant at, as RedisStore
+// does after a cross-slot denial: one Charge of their negated costs.
 func runRefund(t *testing.T, s *RedisStore, at int64, checks ...Check) []Result {
 	t.Helper()
-	sc := new(redisScratch)
-	s.prepare(sc, checks)
+	back := make([]Check, len(checks))
+	for i := range checks {
+		back[i] = giveBackCheck(&checks[i], at*int64(time.Microsecond))
+	}
 	res := make([]Result, len(checks))
-	if _, _, err := s.run(bgCtx, sc, scriptRefund, at, checks, sc.all, res); err != nil {
+	if err := s.charge(bgCtx, "", back, make([]int64, len(back)), res); err != nil {
 		t.Fatal(err)
 	}
 	return res

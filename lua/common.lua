@@ -1,6 +1,6 @@
 -- common.lua: helpers shared by every Tollgate script. The scripts are
 -- assembled by embed.go: this file first, then one file per algorithm, then
--- the entry point (decide.lua or refund.lua). Everything is local: Redis
+-- the entry point (decide.lua or lease.lua). Everything is local: Redis
 -- forbids globals in scripts.
 --
 -- Units: instants and durations are integer microseconds (Redis TIME);

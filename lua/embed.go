@@ -15,7 +15,7 @@
 // loaded once, so its definitions are not rebuilt on every call.
 //
 // The argument and reply layouts are documented at the top of decide.lua,
-// refund.lua, lease.lua, release.lua, reset.lua and heartbeat.lua.
+// lease.lua, release.lua, reset.lua and heartbeat.lua.
 package lua
 
 import _ "embed"
@@ -41,8 +41,6 @@ var (
 	delay string
 	//go:embed decide.lua
 	decide string
-	//go:embed refund.lua
-	refund string
 	//go:embed lease.lua
 	lease string
 	//go:embed release.lua
@@ -62,9 +60,6 @@ var (
 	// Decide decides (or peeks at, or dry-runs) the checks of one request
 	// atomically: common.lua, the algorithms and decide.lua.
 	Decide = algorithms + decide
-	// Refund gives back what a Decide charged: common.lua, the algorithms
-	// and refund.lua. Used only across Redis Cluster slots.
-	Refund = algorithms + refund
 	// Lease gives back what is left of a lease and takes a new one:
 	// common.lua, the algorithms and lease.lua.
 	Lease = algorithms + lease

@@ -8,7 +8,7 @@ import (
 // TestAssembly: the assembled scripts hold the shared helpers, every
 // algorithm and their own entry point, in that order.
 func TestAssembly(t *testing.T) {
-	for name, src := range map[string]string{"Decide": Decide, "Refund": Refund} {
+	for name, src := range map[string]string{"Decide": Decide, "Lease": Lease} {
 		last := -1
 		for _, part := range []string{
 			"local ALGORITHMS = {}",
@@ -29,11 +29,8 @@ func TestAssembly(t *testing.T) {
 			last = i
 		}
 	}
-	if !strings.Contains(Decide, "-- decide.lua") || strings.Contains(Decide, "-- refund.lua") {
+	if !strings.Contains(Decide, "-- decide.lua") || strings.Contains(Decide, "-- lease.lua") {
 		t.Error("Decide does not end with decide.lua alone")
-	}
-	if !strings.Contains(Refund, "-- refund.lua") || strings.Contains(Refund, "-- decide.lua") {
-		t.Error("Refund does not end with refund.lua alone")
 	}
 	if !strings.HasPrefix(Release, "-- release.lua") || strings.Contains(Release, "ALGORITHMS") {
 		t.Error("Release is not release.lua alone")
@@ -49,7 +46,7 @@ func TestLibrary(t *testing.T) {
 	if n := strings.Count(Library, "local ALGORITHMS = {}"); n != 1 {
 		t.Errorf("%d copies of common.lua, want 1", n)
 	}
-	for _, e := range []struct{ name, body string }{{"decide", decide}, {"refund", refund}, {"lease", lease}, {"release", release}, {"reset", reset}, {"heartbeat", heartbeat}} {
+	for _, e := range []struct{ name, body string }{{"decide", decide}, {"lease", lease}, {"release", release}, {"reset", reset}, {"heartbeat", heartbeat}} {
 		reg := "redis.register_function('" + Function(e.name) + "', function(keys, args)\nKEYS, ARGV = keys, args\n" + e.body + "\nend)"
 		if !strings.Contains(Library, reg) {
 			t.Errorf("no function %s running %s.lua", Function(e.name), e.name)

@@ -25,7 +25,6 @@ import (
 // libraryEntries are the entry points registered as functions.
 var libraryEntries = []struct{ name, body string }{
 	{"decide", decide},
-	{"refund", refund},
 	{"lease", lease},
 	{"release", release},
 	{"reset", reset},
@@ -56,7 +55,7 @@ func init() {
 }
 
 // Function returns the name of the library function of an entry point:
-// "decide", "refund", "lease", "release", "reset" or "heartbeat".
+// "decide", "lease", "release", "reset" or "heartbeat".
 func Function(entry string) string {
 	return LibraryName + "_" + entry
 }

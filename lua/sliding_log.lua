@@ -288,7 +288,8 @@ ALGORITHMS.sliding_log = function()
 
     -- refund removes up to cost units logged at the instant at, newest
     -- first: from the newest entry at or before at when it was logged at
-    -- at. It writes the list at once (only refund.lua calls it) and
+    -- at. It writes the list at once (only a give-back calls it: decide.lua,
+    -- mode "force", a negative cost with its instant) and
     -- returns the state read again.
     refund = function(s, r, cost, at)
       local v = s.v

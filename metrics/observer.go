@@ -94,7 +94,7 @@ func ObserveLeaseUnits(policy string, ev limiter.LeaseEvent, units int64) {
 // The scripts and results the Redis store reports, so their label
 // children are resolved once; anything else is resolved per call.
 var (
-	redisScripts = [...]string{"decide", "peek", "dry", "force", "refund", "release", "lease", "lease_return"}
+	redisScripts = [...]string{"decide", "peek", "dry", "force", "release", "lease", "lease_return"}
 	redisResults = [...]string{"ok", "error", "timeout", "noscript"}
 
 	redisChildrenOnce sync.Once
