@@ -817,20 +817,27 @@ func TestFaultConcurrencyLostReplies(t *testing.T) {
 	}
 }
 
-// pauseAfterHook is a go-redis hook for the node clients of a cluster: once
-// armed, the first script call answered by node `after` pauses `then`
-// (SIGSTOP), so that what the caller sends `then` next meets a stalled
-// node. Only the timing is the hook's; the stall is a real process's.
-type pauseAfterHook struct {
-	addr  string // the node client this hook is on
+// afterAnswer is a go-redis hook for the node clients of a cluster: once
+// armed, the first script call answered by the node at address after runs
+// then (a SIGSTOP of another node, a client that goes away), so that what
+// the caller sends next meets it. Only the timing is the hook's.
+type afterAnswer struct {
 	after string
-	then  *redistest.Server
-	armed *atomic.Bool
+	then  func() // set before armed
+	armed atomic.Bool
 }
 
-func (h pauseAfterHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+// on returns the hook for the node client at addr.
+func (h *afterAnswer) on(addr string) redis.Hook { return afterAnswerHook{h, addr} }
 
-func (h pauseAfterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+type afterAnswerHook struct {
+	*afterAnswer
+	addr string
+}
+
+func (h afterAnswerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h afterAnswerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		h.answered(cmd)
@@ -838,7 +845,7 @@ func (h pauseAfterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func (h pauseAfterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h afterAnswerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		h.answered(cmds...)
@@ -846,9 +853,9 @@ func (h pauseAfterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 	}
 }
 
-func (h pauseAfterHook) answered(cmds ...redis.Cmder) {
+func (h afterAnswerHook) answered(cmds ...redis.Cmder) {
 	if h.addr == h.after && scriptCalls(cmds...) > 0 && h.armed.CompareAndSwap(true, false) {
-		h.then.Pause()
+		h.then()
 	}
 }
 
@@ -860,6 +867,9 @@ func (h pauseAfterHook) answered(cmds ...redis.Cmder) {
 // and once the node resumes, what Redis holds is what the tenant used:
 // nothing, the request was denied. (The give-back was a refund without an
 // id that the stall found unwritten: the unit stayed charged, 99 of 100.)
+// Then a client goes away at the same moment: its request's charges are
+// given back all the same, at once (before, the compensation failed with
+// the client's context and waited for the recorder).
 func TestFaultCrossSlotCompensationLost(t *testing.T) {
 	checkLeaks(t)
 	c := redistest.StartCluster(t, 3, 0)
@@ -900,10 +910,8 @@ func TestFaultCrossSlotCompensationLost(t *testing.T) {
 			other = name
 		}
 	}
-	armed := new(atomic.Bool)
-	client.OnNewNode(func(n *redis.Client) {
-		n.AddHook(pauseAfterHook{addr: n.Options().Addr, after: master(other).Addr, then: master(acme), armed: armed})
-	})
+	hook := &afterAnswer{after: master(other).Addr, then: master(acme).Pause}
+	client.OnNewNode(func(n *redis.Client) { n.AddHook(hook.on(n.Options().Addr)) })
 	resumed := true
 	defer func() {
 		if !resumed {
@@ -923,10 +931,10 @@ func TestFaultCrossSlotCompensationLost(t *testing.T) {
 	}
 
 	var d Decision
-	armed.Store(true)
+	hook.armed.Store(true)
 	resumed = false
 	err = d.DecideOrFallback(bgCtx, s, fb, []Item{{Policy: slots, Tenant: acme, Cost: 1}, {Policy: tb, Tenant: acme, Cost: 1}, {Policy: slots, Tenant: other, Cost: 1}})
-	if armed.Load() {
+	if hook.armed.Load() {
 		t.Fatal("the denying node's answer was not seen")
 	}
 	if err == nil || NotSent(err) || d.Admitted {
@@ -986,5 +994,33 @@ func TestFaultCrossSlotCompensationLost(t *testing.T) {
 	}
 	if gone != 1 || len(keys) != 2 {
 		t.Errorf("%d records of %s (%d gone) after recovery, want the slot's, gone, and the give-back's", len(keys), acme, gone)
+	}
+
+	// The client goes away just as the second node denies.
+	ctx, cancel := context.WithCancel(bgCtx)
+	defer cancel()
+	hook.then = cancel
+	hook.armed.Store(true)
+	var gone2 Decision
+	err = gone2.DecideOrFallback(ctx, s, fb, []Item{{Policy: slots, Tenant: acme, Cost: 1}, {Policy: tb, Tenant: acme, Cost: 1}, {Policy: slots, Tenant: other, Cost: 1}})
+	if hook.armed.Load() || ctx.Err() == nil {
+		t.Fatal("the client did not leave")
+	}
+	// The denial's own reply may be lost to the caller that left (then
+	// the slots' releases are kept, as for any call that may have run).
+	if (err != nil && !CallerLeft(ctx, err)) || gone2.Admitted {
+		t.Fatalf("a client gone during the compensation: admitted %v, %v; want denied, or the caller's cancellation", gone2.Admitted, err)
+	}
+	if err := s.Peek(bgCtx, []Check{tbCheck}, peek); err != nil {
+		t.Fatal(err)
+	}
+	if a, got := inFlight(t, client, acme, "c"), peek[0].Remaining; a != 0 || got != 100 {
+		t.Errorf("after a client gone during the compensation: in flight %d, token bucket %d; want 0 and 100 at once", a, got)
+	}
+	if _, err := rec.Flush(bgCtx, s); err != nil {
+		t.Fatal(err)
+	}
+	if a, got := inFlight(t, client, acme, "c"), inFlight(t, client, other, "c"); a != 0 || got != 5 {
+		t.Errorf("after the recorder's releases: in flight %s %d, %s %d; want 0 and 5", acme, a, other, got)
 	}
 }

@@ -394,6 +394,9 @@ func (s *RedisStore) decideSlots(ctx context.Context, sc *redisScratch, checks [
 // hands it to the recorder: sent again, it lands once. A check given back
 // reports its bucket afterwards.
 func (s *RedisStore) compensate(ctx context.Context, checks []Check, done [][]int, results []Result, err error) error {
+	// A client gone meanwhile leaves what it was charged to give back:
+	// the store's timeout bounds these calls, not the request.
+	ctx = context.WithoutCancel(ctx)
 	var slots, back []Check
 	var slotOf, backOf []int
 	for _, g := range done {
