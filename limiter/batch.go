@@ -340,15 +340,11 @@ func (b *batcher) send(p *batchPipe, batch []*batchCall) (timedOut bool) {
 		b.load(ctx, p, retry)
 	}
 	took := time.Since(sent)
+	answered := sent.Add(took) // when the pipeline's replies were in
 	for _, c := range live {
 		val, err := c.cmd.Result()
-		// Past the deadline without its reply: a stall (a timeout, or the
-		// retries of a broken connection cut short). Replies read in
-		// time are none, however late this goroutine ran after them.
-		// The socket's deadline is the context's, and the reader can
-		// wake before the context's timer has fired: ctx.Err() may still
-		// be nil here, so the error and the clock decide.
-		timedOut = timedOut || (err != nil && (IsTimeout(err) || !time.Now().Before(deadline)))
+		// Judged on the pipeline's own reply, before any redirect runs.
+		timedOut = timedOut || stalled(err, answered, deadline)
 		if b.redirect != nil && isRedirect(err) {
 			rctx, rcancel := context.WithTimeout(c.ctx, c.timeout)
 			cmd := c.command(rctx, argEvalSha, c.script.shaArg)
@@ -364,6 +360,21 @@ func (b *batcher) send(p *batchPipe, batch []*batchCall) (timedOut bool) {
 		b.finish(c, val, err)
 	}
 	return timedOut
+}
+
+// stalled reports whether a call's error, read at answered, says Redis
+// left it unanswered past deadline: a timeout, or a broken connection
+// found past the deadline (retries cut short). The socket's deadline is
+// the batch context's, and the reader can wake before the context's timer
+// has fired, so the error and the clock decide, not ctx.Err(). A reply of
+// Redis's (an error reply, MOVED, NOSCRIPT), however late it was read, is
+// no stall.
+func stalled(err error, answered, deadline time.Time) bool {
+	var reply redis.Error
+	if err == nil || errors.As(err, &reply) || isRedirect(err) {
+		return false
+	}
+	return IsTimeout(err) || !answered.Before(deadline)
 }
 
 // load sends calls answered NOSCRIPT again after loading their scripts;

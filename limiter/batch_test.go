@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -290,6 +291,7 @@ func TestBatchingStallSeenBeforeContext(t *testing.T) {
 		wg.Go(func() { _, errs[i] = s.Decide(bgCtx, check(i), make([]Result, 1)) })
 		<-h.held // each flusher holds one batch
 	}
+	h.armed.Store(false) // a batch sent from now on reaches Redis (and counts)
 	for i := range queued {
 		wg.Go(func() { _, errs[maxBatchFlushers+i] = s.Decide(bgCtx, check(maxBatchFlushers+i), make([]Result, 1)) })
 	}
@@ -322,6 +324,102 @@ func TestBatchingStallSeenBeforeContext(t *testing.T) {
 	}
 	if n := h.sent.Load() - before; n != 0 {
 		t.Errorf("%d queued calls were sent to Redis after the stall, want 0", n)
+	}
+}
+
+// replyError is an error reply of Redis's, as go-redis reports one.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+// TestStalled: what counts as Redis leaving a batch unanswered.
+func TestStalled(t *testing.T) {
+	deadline := time.Unix(100, 0)
+	before, after := deadline.Add(-time.Millisecond), deadline.Add(time.Millisecond)
+	timeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	for _, c := range []struct {
+		name     string
+		err      error
+		answered time.Time
+		want     bool
+	}{
+		{"answered", nil, after, false},
+		{"socket timeout, before the context's", timeout, before, true},
+		{"context deadline", context.DeadlineExceeded, after, true},
+		{"broken connection past the deadline", io.EOF, after, true},
+		{"broken connection in time", io.EOF, before, false},
+		{"error reply read late", replyError("BUSY Redis is busy running a script"), after, false},
+		{"MOVED read late", replyError("MOVED 1234 127.0.0.1:7001"), after, false},
+		{"NOSCRIPT read late", replyError("NOSCRIPT No matching script"), after, false},
+	} {
+		if got := stalled(c.err, c.answered, deadline); got != c.want {
+			t.Errorf("%s: stalled %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// movedHook answers every pipeline of script calls MOVED to addr, without
+// sending it; slowHook makes every single command take d.
+type movedHook struct{ addr string }
+
+func (h movedHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h movedHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h movedHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if scriptCalls(cmds...) == 0 {
+			return next(ctx, cmds)
+		}
+		for _, c := range cmds {
+			c.SetErr(replyError("MOVED 1234 " + h.addr))
+		}
+		return nil
+	}
+}
+
+type slowHook struct{ d time.Duration }
+
+func (h slowHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h slowHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(h.d)
+		return next(ctx, cmd)
+	}
+}
+func (h slowHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestBatchingRedirectsAreNoStall: a batch answered MOVED at once, whose
+// calls are then redirected one by one past the batch's deadline, all
+// answered, is no stall: the calls queued behind it must not fail. (Once
+// the stall was judged by the clock, it was judged after the redirects.)
+func TestBatchingRedirectsAreNoStall(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	opts := srv.ClientOptions()
+	opts.ContextTimeoutEnabled = true
+	pipeClient := redis.NewClient(opts)
+	defer pipeClient.Close()
+	pipeClient.AddHook(movedHook{srv.Addr})
+	redirect := redis.NewClient(srv.ClientOptions())
+	defer redirect.Close()
+	if err := redirect.ScriptLoad(bgCtx, decideScript.src).Err(); err != nil {
+		t.Fatal(err)
+	}
+	redirect.AddHook(slowHook{30 * time.Millisecond})
+	b := newBatcher(func() redis.Pipeliner { return pipeClient.Pipeline() }, redirect, false, time.Second)
+	call := func(key string) *batchCall {
+		return &batchCall{ctx: bgCtx, timeout: 50 * time.Millisecond, script: decideScript, done: make(chan struct{}, 1),
+			keys: []string{key}, args: []any{"peek", "0", "token_bucket", 10, 1000000, 0, 0, 1, "0"}}
+	}
+	calls := []*batchCall{call("a"), call("b"), call("c")}
+	if b.send(&batchPipe{Pipeliner: b.pipe()}, calls) {
+		t.Errorf("a batch whose calls were all answered (redirected) counts as stalled: queued calls would fail with %v", errBehindStalled)
+	}
+	for i, c := range calls {
+		if c.err != nil {
+			t.Errorf("call %d: %v", i, c.err)
+		}
 	}
 }
 
