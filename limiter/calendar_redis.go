@@ -15,7 +15,7 @@ import "time"
 // The check keeps its layout (CHECK_ARGS): its algorithm argument becomes
 // "calendar" and its window argument the ARGV index of its first boundary;
 // the boundaries, four per calendar check, follow the checks' arguments,
-// where the entry points (decide, refund, lease) never look.
+// where the entry points (decide, lease) never look.
 
 // calendarArgs is the number of boundaries sent per calendar check.
 const calendarArgs = 4

@@ -149,7 +149,7 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 		d.results = append(d.results, Result{})
 	}
 	admitted, err := store.Decide(ctx, d.checks, d.results)
-	if err != nil {
+	if err != nil && !deniedAnyway(err) {
 		return err
 	}
 	d.Admitted = admitted
@@ -162,7 +162,17 @@ func (d *Decision) Decide(ctx context.Context, store Store, items []Item) error 
 			}
 		}
 	}
-	return nil
+	// nil, or the error of a denial whose cross-slot give-back failed:
+	// the verdicts are the store's (see DecideOrFallback).
+	return err
+}
+
+// deniedAnyway reports whether err is that of a request the store denied
+// across Cluster slots, of which only giving back what the slots before
+// the denying one charged failed.
+func deniedAnyway(err error) bool {
+	var ran ranError
+	return errors.As(err, &ran) && ran.denied
 }
 
 // skip completes a decision an enforced penalty box refused: the items

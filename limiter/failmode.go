@@ -143,6 +143,12 @@ func (d *Decision) DecideOrFallback(ctx context.Context, store Store, fb Fallbac
 			fb.Recorder.Retry(ran.giveBackID, ran.giveBack)
 		}
 	}
+	if deniedAnyway(err) {
+		// The store denied the request; what failed is the give-back of
+		// the other slots' charges, which the recorder lands. The denial
+		// stands: a fail mode must not admit a request over its limit.
+		return err
+	}
 	if CallerLeft(ctx, err) {
 		return err
 	}

@@ -923,8 +923,10 @@ func TestFaultCrossSlotCompensationLost(t *testing.T) {
 	defer s.Close()
 	rec := NewRecorder(RecorderOptions{})
 	fb := Fallback{Recorder: rec}
-	slots := &Policy{Name: "c", Algorithm: Concurrency, FailMode: FailClosed, Limit: Limit{Rate: Rate{Limit: 5}}}
-	tb := &Policy{Name: "tb", Algorithm: TokenBucket, FailMode: FailClosed, Limit: Limit{Rate: Rate{Limit: 100, Window: time.Hour}}}
+	// Fail open: a request Redis denied stays denied when only its
+	// compensation fails (the fail mode decides only what Redis did not).
+	slots := &Policy{Name: "c", Algorithm: Concurrency, FailMode: FailOpen, Limit: Limit{Rate: Rate{Limit: 5}}}
+	tb := &Policy{Name: "tb", Algorithm: TokenBucket, FailMode: FailOpen, Limit: Limit{Rate: Rate{Limit: 100, Window: time.Hour}}}
 	var full Decision
 	if err := full.DecideOrFallback(bgCtx, s, fb, []Item{{Policy: slots, Tenant: other, Cost: 5}}); err != nil || !full.Admitted {
 		t.Fatalf("filling %s: admitted %v, %v", other, full.Admitted, err)
@@ -933,12 +935,24 @@ func TestFaultCrossSlotCompensationLost(t *testing.T) {
 	var d Decision
 	hook.armed.Store(true)
 	resumed = false
+	start := time.Now()
 	err = d.DecideOrFallback(bgCtx, s, fb, []Item{{Policy: slots, Tenant: acme, Cost: 1}, {Policy: tb, Tenant: acme, Cost: 1}, {Policy: slots, Tenant: other, Cost: 1}})
 	if hook.armed.Load() {
 		t.Fatal("the denying node's answer was not seen")
 	}
 	if err == nil || NotSent(err) || d.Admitted {
-		t.Fatalf("compensation against a stalled node: admitted %v, %v; want a failure that may have run, denied (fail closed)", d.Admitted, err)
+		t.Fatalf("compensation against a stalled node: admitted %v, %v; want a failure that may have run, denied by Redis", d.Admitted, err)
+	}
+	for i, v := range d.Verdicts {
+		if v.Path != PathStore {
+			t.Errorf("verdict %d decided by path %d, want the store's", i, v.Path)
+		}
+	}
+	if v := d.Verdicts[2]; v.Result.Allowed {
+		t.Errorf("%s's slot, which Redis denied: %+v", other, v.Result)
+	}
+	if took := time.Since(start); took > faultTimeout+maxOverrun {
+		t.Errorf("the decision took %v with a stalled node, want one timeout (%v)", took, faultTimeout)
 	}
 	t.Logf("decide: %v", err)
 	if got := rec.Pending(); got != 2 {
@@ -947,8 +961,8 @@ func TestFaultCrossSlotCompensationLost(t *testing.T) {
 	master(acme).Resume()
 	resumed = true
 
-	// Redis runs the release and the refund it had received; the
-	// recorder's release, sent again, finds the slot given back.
+	// Redis runs the release it had received; the recorder's release,
+	// sent again, finds the slot given back, and its give-back lands.
 	deadline := time.Now().Add(5 * time.Second)
 	for rec.Pending() > 0 && time.Now().Before(deadline) {
 		fctx, fcancel := context.WithTimeout(bgCtx, time.Second)

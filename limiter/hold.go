@@ -96,11 +96,14 @@ func releaseLostTo(ctx context.Context, store Store, checks []Check) error {
 // whatever it wraps, so that the slots are released (DecideOrFallback
 // keeps the release of a call that may have run). A cross-slot give-back
 // that failed rides along (giveBack, under giveBackID), for
-// DecideOrFallback to hand to the recorder.
+// DecideOrFallback to hand to the recorder; denied says the store did
+// decide the request (denied it) and only that compensation failed, so
+// the store's verdicts stand rather than the fail mode's.
 type ranError struct {
 	err        error
 	giveBackID string
 	giveBack   []Check
+	denied     bool
 }
 
 func (e ranError) Error() string { return e.err.Error() }

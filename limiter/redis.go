@@ -391,8 +391,11 @@ func (s *RedisStore) decideSlots(ctx context.Context, sc *redisScratch, checks [
 // given back at the instant they were charged, by one Charge under a new
 // id. When either fails, the error is a ranError (something ran), and one
 // whose give-back failed carries it, id and all, so that DecideOrFallback
-// hands it to the recorder: sent again, it lands once. A check given back
-// reports its bucket afterwards.
+// hands it to the recorder: sent again, it lands once. A release that
+// timed out (a stalled node) leaves the give-back to the recorder
+// unsent, so the request waits one timeout, not two. A check given back
+// reports its bucket afterwards. When err is nil, every slot answered and
+// one denied: the ranError says so (denied), and the denial stands.
 func (s *RedisStore) compensate(ctx context.Context, checks []Check, done [][]int, results []Result, err error) error {
 	// A client gone meanwhile leaves what it was charged to give back:
 	// the store's timeout bounds these calls, not the request.
@@ -413,7 +416,7 @@ func (s *RedisStore) compensate(ctx context.Context, checks []Check, done [][]in
 			}
 		}
 	}
-	var ran ranError
+	ran := ranError{denied: err == nil}
 	if len(slots) > 0 {
 		if rerr := s.Release(ctx, slots); rerr != nil {
 			ran.err = fmt.Errorf("limiter: release after a cross-slot denial: %w", rerr)
@@ -426,7 +429,13 @@ func (s *RedisStore) compensate(ctx context.Context, checks []Check, done [][]in
 	if len(back) > 0 {
 		id := NewChargeID()
 		got := make([]Result, len(back))
-		if gerr := s.charge(ctx, id, back, make([]int64, len(back)), got); gerr != nil {
+		var gerr error
+		if ran.err != nil && IsTimeout(ran.err) {
+			gerr = errors.New("not sent: the release before it timed out")
+		} else {
+			gerr = s.charge(ctx, id, back, make([]int64, len(back)), got)
+		}
+		if gerr != nil {
 			ran.err = errors.Join(ran.err, fmt.Errorf("limiter: give-back after a cross-slot denial: %w", gerr))
 			ran.giveBackID, ran.giveBack = id, back
 		} else {

@@ -543,7 +543,7 @@ func TestRedisCluster(t *testing.T) {
 
 	t.Run("CrossSlot", func(t *testing.T) {
 		// Checks of two tenants in two slots: all or nothing, with the
-		// charge of the first slot refunded when the second denies.
+		// charge of the first slot given back when the second denies.
 		for _, algo := range benchAlgorithms {
 			t.Run(algo.String(), func(t *testing.T) {
 				a := Check{Algorithm: algo, Tenant: "xa-" + algo.String(), Policy: "p", Rate: Rate{Limit: 10, Window: time.Hour}, Cost: 3}
@@ -555,13 +555,13 @@ func TestRedisCluster(t *testing.T) {
 				if !ok || res[0].Remaining != 7 || res[1].Remaining != 0 {
 					t.Fatalf("first: %v %+v", ok, res)
 				}
-				// b denies: a is charged first, then refunded.
+				// b denies: a is charged first, then given back.
 				ok, res = mustDecide(t, s, a, b)
 				if ok || !res[0].Allowed || res[0].Remaining != 7 || res[1].Allowed {
 					t.Fatalf("second: %v %+v", ok, res)
 				}
 				if got := mustPeek(t, s, withCost(a, 0))[0]; got.Remaining != 7 {
-					t.Fatalf("a after the refund: %+v", got)
+					t.Fatalf("a after the give-back: %+v", got)
 				}
 				// b first: a is only evaluated.
 				ok, res = mustDecide(t, s, b, a)

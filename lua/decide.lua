@@ -39,7 +39,8 @@
 -- answers admitted, each check as a cost-0 check sees its bucket.
 --
 -- Force (limiter.RedisStore.Charge: settlements, recovery charges,
--- refunds): every check moves units in order, whatever the others do. A
+-- give-backs of turns, of cancelled requests and, on a Cluster, of what a
+-- request charged in one slot before another denied it): every check moves units in order, whatever the others do. A
 -- positive cost charges min(cost, remaining) units: the bucket is driven
 -- at most down to its empty under the check's rate, never further (token
 -- bucket: deficit at most the capacity; GCRA: TAT at most now + tolerance;
