@@ -22,10 +22,9 @@ const (
 	// every acquire. A concurrency bucket has no window; the TTL only makes
 	// sure that slots taken by an instance that died before releasing them
 	// are forgotten at the latest RedisConcurrencyTTL after the bucket's
-	// last acquire. The flip side: requests still in flight in a bucket that
-	// saw no acquire for that long are forgotten too (their releases are
-	// then ignored). It is the value of CONCURRENCY_TTL_MS in
-	// lua/concurrency.lua.
+	// last acquire. A request still in flight that long keeps its counter
+	// alive itself (Decision.KeepSlotsAlive). It is the value of
+	// CONCURRENCY_TTL_MS in lua/concurrency.lua.
 	RedisConcurrencyTTL = 10 * time.Minute
 )
 

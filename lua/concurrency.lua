@@ -10,9 +10,9 @@
 -- TTL: a counter has no window, so it gets a safety TTL of CONCURRENCY_TTL_MS
 -- (10 minutes, limiter.RedisConcurrencyTTL), set again on every acquire.
 -- If an instance dies without releasing, its slots are forgotten at the
--- latest 10 minutes after the bucket's last acquire; the price is that a
--- bucket with no acquire for 10 minutes forgets requests still in flight
--- (their releases are then ignored, never driving the count below zero).
+-- latest 10 minutes after the bucket's last acquire. A request still in
+-- flight that long sets the TTL again itself, every 5 minutes
+-- (limiter.Decision.KeepSlotsAlive), so a live request is not forgotten.
 ALGORITHMS.concurrency = function()
   local CONCURRENCY_TTL_MS = 600000
   local RETRY_US = 1000000

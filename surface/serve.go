@@ -177,6 +177,9 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		// Deferred after putRequestState, so it runs first: the slots go
 		// back when the rest of the chain returns, panics included.
 		defer h.release(r, d)
+		// A request that runs longer than its counters' idle TTL keeps
+		// them alive on Redis; stopped before the release.
+		defer d.KeepSlotsAlive(limiter.KeepSlotsEvery)()
 	}
 	if h.protection != nil {
 		if h.Tenant == "" {

@@ -1,0 +1,73 @@
+package limiter
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tollgate/caddy-tollgate/internal/redistest"
+)
+
+// TestKeepSlotsAlive: a request holding a slot longer than its counter's
+// idle TTL, with no other acquire in its bucket, keeps the counter (and
+// so its slot) alive while it runs, through the stores that wrap Redis
+// in production; once it stops, the counter idles out as before. The
+// counter's TTL is cut to 300 ms to stand for the 10 minutes.
+func TestKeepSlotsAlive(t *testing.T) {
+	checkLeaks(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	rs := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	br := NewBreakerStore(rs, BreakerOptions{})
+	defer br.Close()
+	p := slotsPolicy("c", 1)
+	items := []Item{{Policy: p, Tenant: "acme", Cost: 1}}
+	key := string(AppendKey(nil, DefaultPrefix, Concurrency, "acme", "c", ""))
+	expireSoon := func() {
+		t.Helper()
+		if !client.PExpire(bgCtx, key, 300*time.Millisecond).Val() {
+			t.Fatalf("no counter %s", key)
+		}
+	}
+
+	var d Decision
+	if err := d.Decide(bgCtx, br, items); err != nil || !d.Admitted {
+		t.Fatalf("decide: admitted %v, %v", d.Admitted, err)
+	}
+	stop := d.KeepSlotsAlive(100 * time.Millisecond)
+	expireSoon()
+	time.Sleep(700 * time.Millisecond)
+	if got := inFlight(t, client, "acme", "c"); got != 1 {
+		t.Fatalf("in flight %d after the counter's TTL passed while the request ran, want 1", got)
+	}
+	if ttl := client.PTTL(bgCtx, key).Val(); ttl < RedisConcurrencyTTL-time.Minute {
+		t.Fatalf("counter PTTL %v while kept, want about %v", ttl, RedisConcurrencyTTL)
+	}
+	// The bucket is full: another request is denied, as the limit says.
+	var other Decision
+	if err := other.Decide(bgCtx, br, items); err != nil || other.Admitted {
+		t.Fatalf("a second request with the slot taken: admitted %v, %v", other.Admitted, err)
+	}
+
+	stop()
+	expireSoon()
+	time.Sleep(700 * time.Millisecond)
+	if got := inFlight(t, client, "acme", "c"); got != 0 {
+		t.Fatalf("in flight %d after the keeping stopped and the TTL passed, want 0 (the counter idled out)", got)
+	}
+	if err := d.Release(bgCtx, Fallback{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing to keep: a denied request, and the embedded store.
+	other.KeepSlotsAlive(time.Millisecond)()
+	m := NewMemoryStore(MemoryOptions{})
+	defer m.Close()
+	var local Decision
+	if err := local.Decide(bgCtx, m, items); err != nil || !local.Admitted {
+		t.Fatalf("embedded: admitted %v, %v", local.Admitted, err)
+	}
+	if redisUnder(local.decidedBy) != nil || redisUnder(d.decidedBy) != rs {
+		t.Fatal("redisUnder does not tell the Redis store under the breaker from the embedded store")
+	}
+	local.KeepSlotsAlive(time.Millisecond)()
+}
