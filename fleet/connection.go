@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -81,7 +82,11 @@ func (c Connection) key() string {
 func (c Connection) options() (*redis.UniversalOptions, error) {
 	timeout := c.timeout()
 	opts := &redis.UniversalOptions{
-		Addrs:         c.Addresses,
+		// Clipped: a cluster client appends the nodes it discovers to
+		// its Addrs in place, and a slice with room to spare (two
+		// connections cut from one array) would have two clients write
+		// the same memory (a data race the race detector caught).
+		Addrs:         slices.Clip(c.Addresses),
 		IsClusterMode: c.Cluster,
 		MasterName:    c.SentinelMaster,
 		Username:      c.Username,

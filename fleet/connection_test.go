@@ -121,3 +121,22 @@ func TestNoResendAfterLostReply(t *testing.T) {
 		t.Fatalf("remaining %d after one decision, want 99 (charged once)", res[0].Remaining)
 	}
 }
+
+// TestOptionsAddrsClipped: the addresses handed to go-redis leave no room
+// to append in place. A cluster client appends the nodes it discovers to
+// its Addrs; two connections cut from one array (TestNearLimitFleetCluster
+// builds backends from addrs[i:]) had two clients write the same memory,
+// which the race detector reported once in a full run.
+func TestOptionsAddrsClipped(t *testing.T) {
+	all := make([]string, 3, 8)
+	all[0], all[1], all[2] = "127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"
+	for i := range all {
+		opts, err := Connection{Addresses: all[i:], Cluster: true}.options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(opts.Addrs) != len(all)-i || cap(opts.Addrs) != len(opts.Addrs) {
+			t.Errorf("addresses from %d: len %d cap %d, want both %d", i, len(opts.Addrs), cap(opts.Addrs), len(all)-i)
+		}
+	}
+}
