@@ -212,9 +212,8 @@ func (d *Decision) Release(ctx context.Context, fb Fallback) error {
 	}
 	n := 0
 	for j := range d.checks {
-		c := &d.checks[j]
-		if takesSlots(c) && d.results[j].Allowed {
-			d.checks[n] = *c
+		if d.holdsSlot(j) {
+			d.checks[n] = d.checks[j]
 			n++
 		}
 	}
@@ -235,9 +234,14 @@ func (d *Decision) HoldsSlots() bool {
 		return false
 	}
 	for j := range d.checks {
-		if takesSlots(&d.checks[j]) && d.results[j].Allowed {
+		if d.holdsSlot(j) {
 			return true
 		}
 	}
 	return false
+}
+
+// holdsSlot reports whether d's check j took concurrency slots.
+func (d *Decision) holdsSlot(j int) bool {
+	return takesSlots(&d.checks[j]) && d.results[j].Allowed
 }

@@ -38,8 +38,8 @@ func (d *Decision) KeepSlotsAlive(every time.Duration) (stop func()) {
 	}
 	var held []Check
 	for j := range d.checks {
-		if c := &d.checks[j]; takesSlots(c) && d.results[j].Allowed {
-			held = append(held, *c)
+		if d.holdsSlot(j) {
+			held = append(held, d.checks[j])
 		}
 	}
 	if len(held) == 0 {
@@ -76,18 +76,15 @@ func (k *slotKeeping) stop() {
 }
 
 // redisUnder returns the Redis store s decides with, under the stores
-// that wrap it, or nil when s is not backed by Redis.
+// that wrap it (each says what it wraps: Inner), or nil when s is not
+// backed by Redis.
 func redisUnder(s Store) *RedisStore {
 	for {
 		switch v := s.(type) {
 		case *RedisStore:
 			return v
-		case *BreakerStore:
-			s = v.inner
-		case *LeaseStore:
-			s = v.inner
-		case *PeerStore:
-			s = v.inner
+		case interface{ Inner() Store }:
+			s = v.Inner()
 		default:
 			return nil
 		}

@@ -768,6 +768,9 @@ func (s *LeaseStore) Release(ctx context.Context, checks []Check) error {
 	return s.inner.Release(ctx, checks)
 }
 
+// Inner returns the store leases are taken from.
+func (s *LeaseStore) Inner() Store { return s.inner }
+
 // releaseLost implements lostReleaser (see releaseLostTo).
 func (s *LeaseStore) releaseLost(ctx context.Context, checks []Check) error {
 	return releaseLostTo(ctx, s.inner, checks)

@@ -406,7 +406,7 @@ func (s *RedisStore) compensate(ctx context.Context, checks []Check, done [][]in
 			c := &checks[i]
 			switch {
 			case !results[i].Allowed || c.Cost <= 0:
-			case c.Algorithm == Concurrency:
+			case takesSlots(c):
 				slots = append(slots, *c)
 				slotOf = append(slotOf, i)
 			default:
@@ -430,7 +430,7 @@ func (s *RedisStore) compensate(ctx context.Context, checks []Check, done [][]in
 		got := make([]Result, len(back))
 		var gerr error
 		if ran.err != nil && IsTimeout(ran.err) {
-			gerr = errors.New("not sent: the release before it timed out")
+			gerr = errGiveBackBehindStall
 		} else {
 			gerr = s.charge(ctx, id, back, make([]int64, len(back)), got)
 		}
@@ -453,6 +453,11 @@ func (s *RedisStore) compensate(ctx context.Context, checks []Check, done [][]in
 	}
 	return err
 }
+
+// errGiveBackBehindStall is why a cross-slot give-back was left to the
+// recorder unsent: the release before it, to a node of the same request,
+// timed out.
+var errGiveBackBehindStall = errors.New("not sent: the release before it timed out")
 
 // Peek implements Store with the semantics of MemoryStore.Peek.
 func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result) error {
