@@ -455,6 +455,28 @@ func TestMetricsTenants(t *testing.T) {
 	if got := m.labelValues(name, "tenant", "policy", "mt_tenants"); got != nil {
 		t.Errorf("series of an unloaded config remain: %v", got)
 	}
+
+	// Without a tenant template, a request's tenant is its key, here an
+	// API key: no key ever becomes a label, so there are no tenant series
+	// (the setting is ignored with a warning), and the requests are still
+	// counted per policy.
+	s.load("", metricsSite(`
+			metrics_tenants 3
+			policy mt_keys {
+				key {http.request.header.X-Api-Key}
+				limit 4
+				window 1h
+			}`), nil)
+	before = scrapeMetrics(t, s.base+"/metrics")
+	s.statuses(3, "/", "X-Api-Key", "sk-secret-1")
+	s.statuses(1, "/", "X-Api-Key", "sk-secret-2")
+	m = scrapeMetrics(t, s.base+"/metrics")
+	if got := m.labelValues(name, "tenant", "policy", "mt_keys"); got != nil {
+		t.Errorf("keys became tenant labels: %v", got)
+	}
+	if got := m.delta(before, "caddy_rate_limit_requests_total", "policy", "mt_keys", "decision", "allowed"); got != 4 {
+		t.Errorf("mt_keys allowed %v, want 4", got)
+	}
 }
 
 // TestMetricsRedis: every request is one decide script call, counted

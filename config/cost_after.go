@@ -32,8 +32,10 @@ type CostAfterConfig struct {
 	// `usage.prompt_tokens+usage.completion_tokens`. Read from an
 	// application/json (or +json) body, or from each `data:` event of a
 	// text/event-stream body, the last value seen for each path counting.
-	// Fractions are rounded up. A compressed body, or one of another type,
-	// is not read.
+	// Fractions are rounded up. A body compressed with gzip, br or zstd
+	// is read through a decoder on the side (the client gets it as the
+	// upstream compressed it); a body of another type or encoding is not
+	// read, and its cost is missing (see cost_missing).
 	JSON string `json:"json,omitempty"`
 }
 

@@ -14,10 +14,16 @@ import (
 // waits keep growing. Rate-limit policies decide first: a request they
 // deny never takes a slot.
 type ProtectConfig struct {
-	// The floor, ceiling and starting value of the limit. Defaults 1,
-	// 1000, 20.
-	Min     int `json:"min,omitempty"`
-	Max     int `json:"max,omitempty"`
+	// The floor of the limit: it never shrinks below this many requests
+	// in flight. Default 1.
+	Min int `json:"min,omitempty"`
+
+	// The ceiling of the limit: it never grows beyond this many requests
+	// in flight. Default 1000.
+	Max int `json:"max,omitempty"`
+
+	// The limit's starting value, before the upstream's latency has been
+	// measured. Default 20.
 	Initial int `json:"initial,omitempty"`
 
 	// How much slower than its recent best the upstream may answer before

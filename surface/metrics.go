@@ -7,6 +7,7 @@ import (
 	"github.com/tollgate/caddy-tollgate/compat"
 	"github.com/tollgate/caddy-tollgate/config"
 	"github.com/tollgate/caddy-tollgate/metrics"
+	"go.uber.org/zap"
 )
 
 // provisionMetrics registers the collectors and resolves the policies'
@@ -25,7 +26,7 @@ func (h *Server) provisionMetrics(ctx caddy.Context) error {
 		infos[i] = metrics.PolicyInfo{Label: p.Label, Engine: p.Engine, Metered: p.meter != nil}
 	}
 	h.compat = compat.NewMetrics(h.Handler, h.gate.Policies)
-	m, err := metrics.NewHandler(h.Redis != nil, h.MetricsTenants, infos)
+	m, err := metrics.NewHandler(h.Redis != nil, h.labelTenants(), infos)
 	if err != nil {
 		return err
 	}
@@ -34,6 +35,19 @@ func (h *Server) provisionMetrics(ctx caddy.Context) error {
 	}
 	h.metrics = m
 	return nil
+}
+
+// labelTenants is how many tenants get series of their own:
+// metrics_tenants, when the handler has a tenant template. Without one, a
+// request's tenant is its key (a client address, an API key), and no key
+// ever becomes a label: the setting is ignored with a warning.
+func (h *Server) labelTenants() int {
+	if h.MetricsTenants > 0 && h.Tenant == "" {
+		h.logger.Warn("metrics_tenants is ignored without tenant: a request's tenant is then its key, which never becomes a metric label",
+			zap.Int("metrics_tenants", h.MetricsTenants))
+		return 0
+	}
+	return h.MetricsTenants
 }
 
 // cleanupMetrics lets go of the handler's tenant tracker.

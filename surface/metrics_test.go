@@ -39,7 +39,7 @@ const allocPolicies = `"rate_limits":{
 // a whole request allocates no more with metrics than without.
 func TestRecordingAllocatesNothing(t *testing.T) {
 	for _, tenants := range []int{0, 5} {
-		h := provisionServer(t, fmt.Sprintf(`{"metrics_tenants":%d,%s}`, tenants, allocPolicies))
+		h := provisionServer(t, fmt.Sprintf(`{"tenant":"{http.request.header.X-Tenant}","metrics_tenants":%d,%s}`, tenants, allocPolicies))
 		for _, tc := range []struct{ policy, tenant string }{
 			{"alloc_allow", "acme"}, {"alloc_deny", "acme"}, {"alloc_shadow", "acme"},
 		} {
@@ -77,7 +77,7 @@ func TestRecordingAllocatesNothing(t *testing.T) {
 func BenchmarkRecordDecision(b *testing.B) {
 	for _, tenants := range []int{0, 10} {
 		b.Run(fmt.Sprintf("metrics_tenants=%d", tenants), func(b *testing.B) {
-			h := provisionServer(b, fmt.Sprintf(`{"metrics_tenants":%d,%s}`, tenants, allocPolicies))
+			h := provisionServer(b, fmt.Sprintf(`{"tenant":"{http.request.header.X-Tenant}","metrics_tenants":%d,%s}`, tenants, allocPolicies))
 			st := decidedState(b, h, "alloc_allow", "acme")
 			start := time.Now()
 			b.ReportAllocs()

@@ -9,7 +9,7 @@ import (
 // counting them (per policy and per tenant) allocates nothing once the
 // tenant is on the board.
 func TestNearLimitAllocatesNothing(t *testing.T) {
-	h := provisionServer(t, `{"metrics_tenants":5,"rate_limits":{"alloc_near":{"max_events":2,"window":3600000000000,"near_limit":0.1}}}`)
+	h := provisionServer(t, `{"tenant":"{http.request.header.X-Tenant}","metrics_tenants":5,"rate_limits":{"alloc_near":{"max_events":2,"window":3600000000000,"near_limit":0.1}}}`)
 	st := decidedState(t, h, "alloc_near", "acme")
 	h.markNearLimit(st)
 	if len(st.near) != 1 || !st.near[0] {

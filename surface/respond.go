@@ -414,12 +414,18 @@ const statusClientClosedRequest = 499
 // decisionFields appends a verdict's log fields to fields. Privacy: keys
 // (which may be API keys or addresses) are logged only with log_key, as in
 // caddy-ratelimit; tenants are logged when the handler has a `tenant`
-// template, which names an identity the operator chose for the purpose
-// (without one, the tenant is the key and follows the key's rule).
+// template, which names an identity the operator chose for the purpose.
+// Without one, the tenant is the key and follows the key's rule: the
+// field is always there, empty unless log_key.
 func (h *Server) decisionFields(fields []zap.Field, p *policyRuntime, it *limiter.Item, v *limiter.Verdict, retryAfter int64) []zap.Field {
-	if h.Tenant != "" {
-		fields = append(fields, zap.String("tenant", gate.Loggable(it.Tenant)))
+	tenant := ""
+	switch {
+	case h.Tenant != "":
+		tenant = gate.Loggable(it.Tenant)
+	case h.LogKey:
+		tenant = gate.Loggable(h.bucketKey(it))
 	}
+	fields = append(fields, zap.String("tenant", tenant))
 	fields = append(fields,
 		zap.String("policy", p.Name),
 		zap.Int64("limit", v.Limit.Limit),
