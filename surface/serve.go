@@ -71,6 +71,11 @@ func (h *Server) provisionPolicies(ctx caddy.Context) error {
 	return nil
 }
 
+// keepSlotsEvery is how often a request holding concurrency slots on
+// Redis keeps them alive (limiter.KeepSlotsEvery); a variable so that a
+// test can watch it happen in less than 5 minutes.
+var keepSlotsEvery = limiter.KeepSlotsEvery
+
 // ServeHTTP decides r against every policy that matches it, all or
 // nothing, then either passes it on or answers 429.
 func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -179,7 +184,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		defer h.release(r, d)
 		// A request that runs longer than its counters' idle TTL keeps
 		// them alive on Redis; stopped before the release.
-		defer d.KeepSlotsAlive(limiter.KeepSlotsEvery)()
+		defer d.KeepSlotsAlive(keepSlotsEvery)()
 	}
 	if h.protection != nil {
 		if h.Tenant == "" {
