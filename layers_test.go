@@ -38,8 +38,9 @@ var outside = map[string][]string{
 	"bench/protectload":    nil,
 	// bench/peers is a module of its own: the peers bench/run.sh measures
 	// Tollgate against, not part of the product.
-	"bench/peers/redisrate": nil,
-	"bench/peers/cmd/caddy": {"bench/peers/redisrate"},
+	"bench/peers/redisrate":  nil,
+	"bench/peers/redisfloor": nil,
+	"bench/peers/cmd/caddy":  {"bench/peers/redisrate", "bench/peers/redisfloor"},
 }
 
 // forbiddenLibraries are what the engine and the fleet layer must not

@@ -8,12 +8,16 @@
 # tenant (hot) and spread over 10 000 tenants. Peers, what a user would
 # run instead, built from bench/peers (a module of its own, not part of
 # the product) into a second binary: redis_rate, a bare go-redis/redis_rate
-# handler (GCRA, one EVALSHA and one round trip per request); and
-# caddy_ratelimit, mholt/caddy-ratelimit in memory, only when
+# handler (GCRA, one EVALSHA and one round trip per request);
+# redis_floor, the floor script (TIME, GET, SET PX: the least a decision
+# in Redis does) pipelined as Tollgate's store sends its decisions, the
+# yardstick for Redis's time per strict decision on this machine at this
+# moment; and caddy_ratelimit, mholt/caddy-ratelimit in memory, only when
 # CADDY_RATELIMIT_SRC names a checkout of its source (the Go proxy here
 # does not serve it). Below the table, each Tollgate Redis row's
 # requests/s as a ratio to redis_rate's, and each embedded row's to
-# caddy_ratelimit's; and the usage history's cost: the embedded and strict
+# caddy_ratelimit's; each strict row's Redis CPU and script time per
+# request as a ratio to redis_floor's; and the usage history's cost: the embedded and strict
 # Redis scenarios against the same with `history off`.
 #
 #   ./bench/run.sh                 # 3 rounds of 10 s per scenario (~9 min)
@@ -189,6 +193,10 @@ redis_rate="	redis_rate {
 		burst 1000000000
 		key {http.request.header.X-Tenant}
 	}"
+redis_floor="	redis_floor {
+		address 127.0.0.1:$redis_port
+		key {http.request.header.X-Tenant}
+	}"
 # caddy-ratelimit keeps a ring of `events` timestamps per key, allocated
 # whole (1 000 000 000 would be 24 GB a key): 10 000 a second is 240 KB a
 # key and still ~30 times what one of 100 tenants gets here.
@@ -209,6 +217,7 @@ all=(
 	"embedded_notify_dead 100"
 	"caddy_ratelimit 100"
 	"redis_rate 100"
+	"redis_floor 100"
 	"redis 100"
 	"redis_history_off 100"
 	"redis_hot 1"
@@ -223,9 +232,9 @@ declare -A block=(
 	[embedded_notify_dead]="$embedded_notify"
 	[redis]="$strict" [redis_hot]="$strict" [redis_10k]="$strict"
 	[lease]="$leased" [lease_hot]="$leased" [lease_10k]="$leased"
-	[redis_rate]="$redis_rate" [caddy_ratelimit]="$caddy_ratelimit"
+	[redis_rate]="$redis_rate" [redis_floor]="$redis_floor" [caddy_ratelimit]="$caddy_ratelimit"
 )
-declare -A binary=([redis_rate]="$work/caddy-peers" [caddy_ratelimit]="$work/caddy-peers")
+declare -A binary=([redis_rate]="$work/caddy-peers" [redis_floor]="$work/caddy-peers" [caddy_ratelimit]="$work/caddy-peers")
 picked=()
 for s in "${all[@]}"; do
 	n=${s%% *}
@@ -250,7 +259,7 @@ if [[ " ${picked[*]} " == *" caddy_ratelimit "* ]]; then
 		go mod edit -require=github.com/mholt/caddy-ratelimit@v0.0.0 -replace="github.com/mholt/caddy-ratelimit=$src" &&
 		go mod tidy &&
 		go build -o "$work/caddy-peers" ./cmd/caddy)
-elif [[ " ${picked[*]} " == *" redis_rate "* ]]; then
+elif [[ " ${picked[*]} " == *" redis_rate "* ]] || [[ " ${picked[*]} " == *" redis_floor "* ]]; then
 	echo "building bench/peers..." >&2
 	(cd bench/peers && go build -o "$work/caddy-peers" ./cmd/caddy)
 fi
@@ -283,6 +292,7 @@ labels = {
     "embedded_notify_dead": "embedded store, webhooks to a receiver that never answers",
     "caddy_ratelimit": "mholt/caddy-ratelimit (in memory, sliding window)",
     "redis_rate": "go-redis/redis_rate (GCRA, one EVALSHA per request)",
+    "redis_floor": "floor script (`TIME`, `GET`, `SET PX`), pipelined as strict's decisions",
     "redis": "Redis, strict (no lease)",
     "redis_history_off": "Redis, strict, `history off`",
     "redis_hot": "Redis, strict, one hot tenant",
@@ -334,6 +344,27 @@ def compared(title, pairs, other_label):
         print("\n".join(lines))
 compared("Requests/s against the peers (same round; median, range over rounds):",
          [(name, peer) for peer, ours in peers for name in ours], lambda peer: peer)
+# Redis's time per strict decision against the floor script's, sent the
+# same way in the same round: Redis CPU per request, and the time inside
+# the scripts (the target is 2x the floor).
+cost = {(rnd, name): (float(cpu), float(sus)) for rnd, name, rps_, p50, p99, calls, trips, cpu, ccpu, sus in rows}
+lines = []
+for name in ["redis", "redis_hot", "redis_10k"]:
+    pairs = [(cost[rnd, name], cost[rnd, "redis_floor"]) for rnd in base if (rnd, name) in cost and (rnd, "redis_floor") in cost]
+    if not pairs:
+        continue
+    parts = []
+    for i, what in ((0, "Redis CPU"), (1, "in scripts")):
+        rs = sorted(a[i] / b[i] for a, b in pairs if b[i] > 0)
+        if rs:
+            spread = f" ({rs[0]:.2f}–{rs[-1]:.2f})" if len(rs) > 1 else ""
+            parts.append(f"{what} {med(rs):.2f} x{spread}")
+    lines.append(f"- {labels[name]}: " + ", ".join(parts))
+if lines:
+    print()
+    print("Redis time per decision against the floor script's (same round; median, range over rounds):")
+    print()
+    print("\n".join(lines))
 # The usage history's cost: each scenario against the same without it;
 # and webhooks to a dead receiver against none.
 compared("Against the same without (requests/s, same round; median, range over rounds):",

@@ -7,6 +7,7 @@ import (
 
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	_ "github.com/tollgate/caddy-tollgate/bench/peers/redisfloor"
 	_ "github.com/tollgate/caddy-tollgate/bench/peers/redisrate"
 )
 
