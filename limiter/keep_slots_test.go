@@ -71,3 +71,41 @@ func TestKeepSlotsAlive(t *testing.T) {
 	}
 	local.KeepSlotsAlive(time.Millisecond)()
 }
+
+// BenchmarkKeepSlotsAlive is what keeping a Redis concurrency request's
+// slots adds to it: starting the keeping after the decision and stopping
+// it before the release (a request shorter than the interval never
+// refreshes). Beside it, the request's own calls: the acquire and the
+// release, one script call each.
+func BenchmarkKeepSlotsAlive(b *testing.B) {
+	srv := redistest.StartStandalone(b, redistest.Options{})
+	rs := NewRedisStore(RedisOptions{Client: srv.Client(b), Timeout: testTimeout})
+	br := NewBreakerStore(rs, BreakerOptions{})
+	defer br.Close()
+	items := []Item{{Policy: slotsPolicy("c", 1<<40), Tenant: "acme", Cost: 1}}
+	var d Decision
+	if err := d.Decide(bgCtx, br, items); err != nil || !d.Admitted {
+		b.Fatalf("decide: admitted %v, %v", d.Admitted, err)
+	}
+	b.Run("keep", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			d.KeepSlotsAlive(KeepSlotsEvery)()
+		}
+	})
+	if err := d.Release(bgCtx, Fallback{}); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("acquire_release", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var d Decision
+			if err := d.Decide(bgCtx, br, items); err != nil || !d.Admitted {
+				b.Fatalf("decide: admitted %v, %v", d.Admitted, err)
+			}
+			if err := d.Release(bgCtx, Fallback{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
