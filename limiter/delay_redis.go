@@ -5,8 +5,9 @@ package limiter
 // or "gcra_delay" (lua/delay.lua), and its min_interval argument, which
 // those algorithms never use, the longest wait in µs. Only the decide
 // script in its decide, dry and peek modes is sent such checks; force
-// and lease calls send the check as it is (they never hand out turns). The reply of an allowed check that must wait carries the wait
-// in its retry_after field, which run moves to Result.Wait.
+// and lease calls send the check as it is (they never hand out turns).
+// The reply of an allowed check that must wait carries the wait in its
+// retry_after field, which run moves to Result.Wait.
 
 // argDelay is the Lua algorithm name of a check that may wait, boxed once.
 var argDelay = [numAlgorithms]any{TokenBucket: "token_bucket_delay", GCRA: "gcra_delay"}

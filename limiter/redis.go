@@ -347,7 +347,7 @@ func (s *RedisStore) Decide(ctx context.Context, checks []Check, results []Resul
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
 	if !multi {
-		admitted, _, err := s.run(ctx, sc, scriptDecide, checks, sc.all, results)
+		admitted, err := s.run(ctx, sc, scriptDecide, checks, sc.all, results)
 		return admitted, err
 	}
 	return s.decideSlots(ctx, sc, checks, results)
@@ -362,13 +362,13 @@ func (s *RedisStore) decideSlots(ctx context.Context, sc *redisScratch, checks [
 	for _, g := range sc.groups() {
 		if !admitted {
 			// Denied already: only evaluate, for the results.
-			if _, _, err = s.run(ctx, sc, scriptDry, checks, g, results); err != nil {
+			if _, err = s.run(ctx, sc, scriptDry, checks, g, results); err != nil {
 				break
 			}
 			continue
 		}
 		var ok bool
-		if ok, _, err = s.run(ctx, sc, scriptDecide, checks, g, results); err != nil {
+		if ok, err = s.run(ctx, sc, scriptDecide, checks, g, results); err != nil {
 			break
 		}
 		if ok {
@@ -471,11 +471,11 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, results []Result)
 	defer s.putScratch(sc)
 	multi := s.prepare(sc, checks)
 	if !multi {
-		_, _, err := s.run(ctx, sc, scriptPeek, checks, sc.all, results)
+		_, err := s.run(ctx, sc, scriptPeek, checks, sc.all, results)
 		return err
 	}
 	for _, g := range sc.groups() {
-		if _, _, err := s.run(ctx, sc, scriptPeek, checks, g, results); err != nil {
+		if _, err := s.run(ctx, sc, scriptPeek, checks, g, results); err != nil {
 			return err
 		}
 	}
@@ -539,7 +539,7 @@ func (s *RedisStore) charge(ctx context.Context, id string, checks []Check, char
 			sc.buf = appendOnceKey(sc.buf[:0], s.prefix, checks[g[0]].Tenant, id)
 			sc.once = string(sc.buf)
 		}
-		_, _, err := s.run(ctx, sc, scriptForce, checks, g, results)
+		_, err := s.run(ctx, sc, scriptForce, checks, g, results)
 		if err != nil {
 			return err
 		}
@@ -554,8 +554,9 @@ func (s *RedisStore) charge(ctx context.Context, id string, checks []Check, char
 }
 
 // run calls the decide script in script's mode on the checks idx and
-// stores their results. It returns the script's admission and instant.
-func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScript, checks []Check, idx []int, results []Result) (bool, int64, error) {
+// stores their results (an admitted decision's checks with its instant,
+// Result.At). It returns the script's admission.
+func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScript, checks []Check, idx []int, results []Result) (bool, error) {
 	var nowArg any = argZero
 	if s.now != nil {
 		nowArg = strconv.FormatInt(s.now(), 10)
@@ -589,7 +590,7 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 	}
 	reply, err := s.eval(ctx, sc, script, keys, sc.args)
 	if err != nil {
-		return false, 0, err
+		return false, err
 	}
 	var units []int64
 	if script == scriptForce {
@@ -604,7 +605,7 @@ func (s *RedisStore) run(ctx context.Context, sc *redisScratch, script *redisScr
 	if turns && err == nil {
 		takeWaits(idx, results)
 	}
-	return admitted, at, err
+	return admitted, err
 }
 
 // appendCheckArgs appends the arguments of the checks idx to sc.args and

@@ -40,7 +40,8 @@
 --
 -- Force (limiter.RedisStore.Charge: settlements, recovery charges,
 -- give-backs of turns, of cancelled requests and, on a Cluster, of what a
--- request charged in one slot before another denied it): every check moves units in order, whatever the others do. A
+-- request charged in one slot before another denied it): every check
+-- moves units in order, whatever the others do. A
 -- positive cost charges min(cost, remaining) units: the bucket is driven
 -- at most down to its empty under the check's rate, never further (token
 -- bucket: deficit at most the capacity; GCRA: TAT at most now + tolerance;
