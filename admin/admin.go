@@ -183,10 +183,9 @@ func (adminAPI) status(w http.ResponseWriter, r *http.Request) error {
 				ps.Window = p.Engine.Limit.Window.String()
 			}
 			if l := p.Engine.Lease; l.Enabled() && leaseStats != nil {
-				ttl := l.TTL
-				if ttl <= 0 {
-					ttl = limiter.DefaultLeaseTTL
-				}
+				// A tier or override with its own window may lease for
+				// another ttl; this is the policy's own.
+				ttl := l.TTLFor(p.Engine.Limit.Window)
 				ps.Lease = &leaseStatus{MaxTokens: l.Max, TTL: ttl.String(), LeaseStats: leaseStats[p.Engine.Name]}
 			}
 			hs.Policies = append(hs.Policies, ps)

@@ -201,7 +201,8 @@ type LeaseConfig struct {
 	MaxTokens int64 `json:"max_tokens,omitempty"`
 
 	// How long leased units may be served before unused ones go back.
-	// Default 1s.
+	// Default: a sixth of the policy's window, at least 1s and at most
+	// 10s (10s for windows of a minute or longer, 1s for 6s or shorter).
 	TTL caddy.Duration `json:"ttl,omitempty"`
 }
 

@@ -6,9 +6,25 @@ import (
 	"time"
 )
 
-// DefaultLeaseTTL is how long leased units may be served when a Lease does
-// not say.
-const DefaultLeaseTTL = time.Second
+// The default lease ttl (Lease.TTL unset) is a sixth of the bucket's
+// window, within these bounds.
+//
+// Why a share of the window: a lease serves a tenant only if the tenant
+// comes back within the ttl, so a tenant seen every second or two is
+// decided by the store on every request under a 1s ttl, and that thin
+// tail is most of a fleet's tenants. What a longer ttl costs is bounded
+// elsewhere: a lease is never more than the requests seen over the last
+// ttl nor more than remaining/(2 x instances), window leases end with
+// their window, unspent units go back, and a reset reaches every
+// instance at once. What it does cost is staleness: the headers of a
+// request served from a lease count down from the store's answer when
+// the lease was taken. A sixth of the window keeps that to a small part
+// of what the headers describe, and the 10s cap keeps it to seconds (and
+// an idle tenant's entry, kept two ttls, to 20s of memory).
+const (
+	MinDefaultLeaseTTL = time.Second
+	MaxDefaultLeaseTTL = 10 * time.Second
+)
 
 // Lease lets an instance take a policy's units from the shared store ahead
 // of demand and serve them locally (see LeaseStore).
@@ -17,19 +33,22 @@ type Lease struct {
 	// leasing.
 	Max int64
 	// TTL is how long leased units may be served before what is left goes
-	// back; 0 means DefaultLeaseTTL.
+	// back; 0 means the default for the bucket's window (see TTLFor).
 	TTL time.Duration
 }
 
 // Enabled reports whether l leases at all.
 func (l Lease) Enabled() bool { return l.Max > 0 }
 
-// ttl is TTL with its default.
-func (l Lease) ttl() time.Duration {
+// TTLFor is how long l's units of a bucket with window may be served:
+// TTL when set, else a sixth of window between MinDefaultLeaseTTL and
+// MaxDefaultLeaseTTL (1h, a day or a calendar month: 10s; 1m: 10s; 10s:
+// 1.67s; 1s: 1s).
+func (l Lease) TTLFor(window time.Duration) time.Duration {
 	if l.TTL > 0 {
 		return l.TTL
 	}
-	return DefaultLeaseTTL
+	return min(max(window/6, MinDefaultLeaseTTL), MaxDefaultLeaseTTL)
 }
 
 // ErrLeaseUnsupported is returned by a LeaseTaker that cannot lease the
@@ -49,7 +68,7 @@ type LeaseRequest struct {
 	// bucket hands one lease at most remaining/(2 x Instances) of itself.
 	// Less than 1 means 1.
 	Instances int
-	// TTL caps LeaseGrant.Expires.
+	// TTL caps LeaseGrant.Expires; 0 means MinDefaultLeaseTTL.
 	TTL time.Duration
 	// GiveBack is how many requests' worth of units (each check's Cost
 	// times GiveBack) of an earlier lease on the same checks go back

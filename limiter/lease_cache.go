@@ -348,7 +348,7 @@ func (s *LeaseStore) newEntry(key string, checks []Check) *leaseEntry {
 		counters: make([]*leaseCounters, len(checks)),
 		base:     make([]Result, len(checks)),
 		max:      checks[0].Lease.Max,
-		ttl:      int64(checks[0].Lease.ttl()),
+		ttl:      int64(checks[0].Lease.TTLFor(checks[0].Rate.Window)),
 	}
 	for i := range checks {
 		e.max = min(e.max, checks[i].Lease.Max)
@@ -357,7 +357,7 @@ func (s *LeaseStore) newEntry(key string, checks []Check) *leaseEntry {
 			// call: both must stay within MaxCount units.
 			e.max = max(1, min(e.max, MaxCount/(2*c)))
 		}
-		e.ttl = min(e.ttl, int64(checks[i].Lease.ttl()))
+		e.ttl = min(e.ttl, int64(checks[i].Lease.TTLFor(checks[i].Rate.Window)))
 		e.counters[i] = s.counters(checks[i].Policy)
 		e.delay = e.delay || checks[i].Rate.Delay > 0
 	}
@@ -384,10 +384,12 @@ func prefetchable(checks []Check) bool {
 
 // prefetchDue reports whether the request that just took a unit of e
 // should top the lease up: a quarter of the last grant is left, nothing is
-// in flight, and no prefetch was made for this grant. Called with e.mu
-// held.
-func (e *leaseEntry) prefetchDue() bool {
-	return e.prefetchable && !e.prefetched && e.flight == nil && e.units > 0 && e.units*4 <= e.lastGrant
+// in flight, no prefetch was made for this grant, and the units left are
+// fewer than the entry's demand over a ttl (a top-up only brings the
+// lease up to that demand, see prefetch). Called with e.mu held.
+func (e *leaseEntry) prefetchDue(now int64) bool {
+	return e.prefetchable && !e.prefetched && e.flight == nil && e.units > 0 && e.units*4 <= e.lastGrant &&
+		e.want(now) > e.units
 }
 
 // counters returns the counters of policy.
@@ -441,7 +443,7 @@ func (s *LeaseStore) decideEntry(ctx context.Context, e *leaseEntry, checks []Ch
 		case e.units > 0 && now < e.expires:
 			e.units--
 			e.fill(results, now, OriginLease)
-			if e.prefetchDue() && !s.closed.Load() {
+			if e.prefetchDue(now) && !s.closed.Load() {
 				s.prefetch(ctx, e, now) // releases e.mu
 			} else {
 				e.mu.Unlock()
@@ -521,9 +523,11 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 		e.scratch = make([]Result, len(e.checks))
 	}
 	results := e.scratch[:len(e.checks)]
+	// The units left are still served: the top-up brings the lease to
+	// the demand of a ttl, not past it (prefetchDue checked it is short).
 	req := LeaseRequest{
 		Checks:    e.checks,
-		Want:      e.want(now),
+		Want:      e.want(now) - e.units,
 		Instances: s.instances(),
 		TTL:       time.Duration(e.ttl),
 	}

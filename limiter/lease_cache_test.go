@@ -210,6 +210,78 @@ func TestLeaseSteadyThinTenant(t *testing.T) {
 	}
 }
 
+// TestLeaseTTLFor: an unset ttl is a sixth of the window, from 1s to 10s;
+// a set one is kept whatever the window.
+func TestLeaseTTLFor(t *testing.T) {
+	for _, tc := range []struct {
+		lease  Lease
+		window time.Duration
+		want   time.Duration
+	}{
+		{Lease{Max: 50}, 100 * time.Millisecond, time.Second},
+		{Lease{Max: 50}, time.Second, time.Second},
+		{Lease{Max: 50}, 6 * time.Second, time.Second},
+		{Lease{Max: 50}, 9 * time.Second, 1500 * time.Millisecond},
+		{Lease{Max: 50}, time.Minute, 10 * time.Second},
+		{Lease{Max: 50}, time.Hour, 10 * time.Second},
+		{Lease{Max: 50}, 31 * 24 * time.Hour, 10 * time.Second},
+		{Lease{Max: 50}, 0, time.Second},
+		{Lease{Max: 50, TTL: 300 * time.Millisecond}, time.Hour, 300 * time.Millisecond},
+		{Lease{Max: 50, TTL: time.Minute}, time.Second, time.Minute},
+	} {
+		if got := tc.lease.TTLFor(tc.window); got != tc.want {
+			t.Errorf("%+v.TTLFor(%v) = %v, want %v", tc.lease, tc.window, got, tc.want)
+		}
+	}
+}
+
+// TestLeaseDefaultTTLServesThinTenant: a tenant seen every 2s on an
+// hourly limit, with `lease 50` and no ttl. Under a 1s ttl each of its
+// requests would be a store call (a lease would always have expired);
+// under the default for an hour (10s) its leases cover the requests of
+// the last 10s, so after the ramp most requests are served from them. The
+// counting stays exact: Redis holds what was served plus what is still
+// leased here.
+func TestLeaseDefaultTTLServesThinTenant(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, algo := range leaseAlgorithms {
+		t.Run(algo.String(), func(t *testing.T) {
+			f := newLeaseFixture(t, srv, true, 1)
+			// A window of 1000h: an hourly limit's ttl (10s) with no
+			// refill to speak of, so Redis's count is exact to the unit.
+			c := leaseCheck(algo, "default-ttl-"+algo.String(), 1000, 1000*time.Hour, Lease{Max: 50})
+			checks := []Check{c}
+			res := make([]Result, 1)
+			const requests = 60
+			fromLease := 0
+			for i := 1; i <= requests; i++ {
+				if ok, err := f.lease.Decide(bgCtx, checks, res); !ok || err != nil {
+					t.Fatalf("request %d: admitted %v, err %v", i, ok, err)
+				}
+				if res[0].From == OriginLease {
+					fromLease++
+				}
+				f.clk.Advance(2 * time.Second)
+				f.lease.Sweep(bgCtx)
+			}
+			calls := f.calls.get("decide") + f.calls.get("lease") + f.calls.get("lease_return")
+			// Demand over the last 10s is five requests: once the ramp
+			// (1, 2, 4) is over, a token bucket's lease is topped up by
+			// four when one is left, a window's refilled with five (the
+			// request that refills it counts as decided by the store).
+			if calls > requests/3 || fromLease < requests*2/3 {
+				t.Fatalf("%d store calls and %d requests served from leases, of %d requests; want at most %d and at least %d",
+					calls, fromLease, requests, requests/3, requests*2/3)
+			}
+			st := f.lease.Stats()["p"]
+			if err := f.redis.Peek(bgCtx, checks, res); err != nil || res[0].Remaining != 1000-requests-st.Units {
+				t.Fatalf("Redis remaining %d (err %v), want %d: %d served and %d still leased",
+					res[0].Remaining, err, 1000-requests-st.Units, requests, st.Units)
+			}
+		})
+	}
+}
+
 // TestLeaseShare: a lease never takes more than remaining / (2 x
 // instances), at least one request's worth; nothing once empty.
 func TestLeaseShare(t *testing.T) {
@@ -391,7 +463,8 @@ func TestLeaseNoStampede(t *testing.T) {
 }
 
 // TestLeasePrefetch: a token bucket or GCRA lease is topped up when a
-// quarter of its last grant is left, so a busy tenant's requests are
+// quarter of its last grant is left, up to the demand and max_tokens
+// (never past them), so a busy tenant's requests are
 // served from the lease without waiting for a refill once it runs out:
 // of 300 requests in a row only 3 go to the store (the grants of 1 and 2
 // that start the demand ramp are too small to top up), Remaining still
@@ -415,6 +488,11 @@ func TestLeasePrefetch(t *testing.T) {
 				if res[0].From == OriginStore {
 					fromStore++
 				}
+				// A top-up brings the lease up to the demand (here
+				// max_tokens), never past it: what a crash can strand.
+				if held := f.lease.Stats()["p"].Units; held > 20 {
+					t.Fatalf("request %d: %d units held, more than max_tokens (20)", i, held)
+				}
 			}
 			// The first request (demand 1) is decided by the decide
 			// script: a lease of one request's worth would be a decision.
@@ -429,9 +507,10 @@ func TestLeasePrefetch(t *testing.T) {
 			} else if fromStore != calls || fromStore < 15 {
 				t.Fatalf("window lease: %d requests from the store, %d calls", fromStore, calls)
 			}
-			// Leases of 20 after the ramp (1, 2, 4, 8, 16): about 20 calls
-			// either way; a prefetch is not an extra call per request.
-			if calls > 22 {
+			// Leases of 20 after the ramp (1, 2, 4, 8, 16), then top-ups of
+			// about 16 (to 20, from the quarter left): about 20 calls either
+			// way; a prefetch is not an extra call per request.
+			if calls > 25 {
 				t.Fatalf("%d lease calls for 300 requests", calls)
 			}
 			t.Logf("%d lease calls, %d requests from the store", calls, fromStore)
@@ -468,7 +547,7 @@ func TestLeasePrefetchInFlight(t *testing.T) {
 	ls := NewLeaseStore(LeaseOptions{Store: rs, Taker: taker, Clock: clk, SweepInterval: -1})
 	t.Cleanup(func() { ls.Close() })
 	t.Cleanup(func() { taker.hold.Store(false) }) // before Close gives back
-	c := leaseCheck(TokenBucket, "inflight", 10000, time.Hour, Lease{Max: 8, TTL: time.Hour})
+	c := leaseCheck(TokenBucket, "inflight", 10000, time.Hour, Lease{Max: 12, TTL: time.Hour})
 	res := make([]Result, 1)
 	decide := func(want Origin) {
 		t.Helper()
@@ -476,8 +555,12 @@ func TestLeasePrefetchInFlight(t *testing.T) {
 			t.Fatalf("admitted %v, err %v, from %v, want from %v", ok, err, res[0].From, want)
 		}
 	}
-	// Ramp the demand until a grant of 8: 1, 2, 4, then 8 (prefetched).
-	for ls.entry([]Check{c}).lastGrant < 8 {
+	// Ramp the demand until a grant of at least 8: top-ups bring the
+	// lease up to 12 from what is left at the quarter mark.
+	for i := 0; ls.entry([]Check{c}).lastGrant < 8; i++ {
+		if i == 100 {
+			t.Fatalf("no grant of 8 or more after %d requests", i)
+		}
 		if ok, err := ls.Decide(bgCtx, []Check{c}, res); !ok || err != nil {
 			t.Fatal(ok, err)
 		}
@@ -486,7 +569,8 @@ func TestLeasePrefetchInFlight(t *testing.T) {
 	e.mu.Lock()
 	units := e.units
 	e.mu.Unlock()
-	// Spend down to 3 left: the next request leaves 2 = 8/4 and prefetches.
+	// Spend down to 3 left: the next request leaves 2 (a quarter of a
+	// grant of 8 to 11) and prefetches.
 	for ; units > 3; units-- {
 		decide(OriginLease)
 	}

@@ -163,17 +163,22 @@ func TestLeaseSweepDuringPrefetch(t *testing.T) {
 	taker := &gatedTaker{held: make(chan struct{}), release: make(chan error)}
 	s := NewLeaseStore(LeaseOptions{Store: NewMemoryStore(MemoryOptions{Clock: clk}), Taker: taker, Clock: clk, SweepInterval: -1})
 	defer s.Close()
-	c := []Check{{Algorithm: TokenBucket, Tenant: "prefetching", Policy: "p", Rate: Rate{Limit: 1 << 30, Window: time.Hour}, Cost: 1, Lease: Lease{Max: 8, TTL: time.Second}}}
+	c := []Check{{Algorithm: TokenBucket, Tenant: "prefetching", Policy: "p", Rate: Rate{Limit: 1 << 30, Window: time.Hour}, Cost: 1, Lease: Lease{Max: 12, TTL: time.Second}}}
 	res := make([]Result, 1)
 	decide := func() {
 		if ok, err := s.Decide(bgCtx, c, res); !ok || err != nil {
 			t.Error(ok, err)
 		}
 	}
-	for s.entry(c).lastGrant < 8 {
+	// Ramp until a grant of at least 8 (top-ups bring the lease to 12).
+	for i := 0; s.entry(c).lastGrant < 8; i++ {
+		if i == 100 {
+			t.Fatalf("no grant of 8 or more after %d requests", i)
+		}
 		decide()
 	}
-	// Spend down to 3 left: the next request leaves 2 (8/4) and prefetches.
+	// Spend down to 3 left: the next request leaves 2 (a quarter of a
+	// grant of 8 to 11) and prefetches.
 	for s.Stats()["p"].Units > 3 {
 		decide()
 	}

@@ -60,7 +60,7 @@ func (s *RedisStore) Lease(ctx context.Context, req *LeaseRequest, results []Res
 	}
 	ttl := req.TTL
 	if ttl <= 0 {
-		ttl = DefaultLeaseTTL
+		ttl = MinDefaultLeaseTTL
 	}
 	if need := leaseLeadingArgs + checkArgs*len(checks); cap(sc.args) < need {
 		sc.args = make([]any, 0, need)
