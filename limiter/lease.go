@@ -19,8 +19,9 @@ import (
 // instance at once. What it does cost is staleness: the headers of a
 // request served from a lease count down from the store's answer when
 // the lease was taken. A sixth of the window keeps that to a small part
-// of what the headers describe, and the 10s cap keeps it to seconds (and
-// an idle tenant's entry, kept two ttls, to 20s of memory).
+// of what the headers describe, and the 10s cap keeps it to seconds. (A
+// tenant seen once costs the lease cache a hash for a ttl, and one seen
+// more often an entry until it has been idle for a ttl: see lookup.)
 const (
 	MinDefaultLeaseTTL = time.Second
 	MaxDefaultLeaseTTL = 10 * time.Second

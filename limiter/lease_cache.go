@@ -89,6 +89,10 @@ type LeaseOptions struct {
 // positive cost; any other request goes to the inner Store as it is. The
 // checks of a request (buckets, rates and costs) form one lease entry:
 //
+//   - First sight: checks not seen within the last ttl get no entry;
+//     their request is decided by the inner store and only a hash of the
+//     checks is kept for a ttl (see lookup). The second sight makes the
+//     entry.
 //   - Served from the lease: while the entry holds units that have not
 //     expired, a request takes one request's worth locally: no store call,
 //     no lock held across I/O.
@@ -151,6 +155,15 @@ const leaseShards = 32
 type leaseShard struct {
 	mu sync.Mutex
 	m  map[string]*leaseEntry
+	// seen holds the sets of checks seen once and not yet given an entry:
+	// the hash of their lease key, and the instant (local ns) until which
+	// that first sight counts toward their demand (it plus the ttl). See
+	// lookup.
+	seen map[uint64]int64
+	// firsts holds the decisions of first sights on the wire, by the same
+	// hash, so that concurrent requests of the same checks wait for them
+	// instead of making calls of their own.
+	firsts map[uint64]*leaseFlight
 	// expiring holds the ends of the shard's leases, for the sweeper.
 	expiring leaseExpiries
 }
@@ -158,7 +171,7 @@ type leaseShard struct {
 // leaseIdleRounds is how many sweeps it takes to look at every entry for
 // idleness: each sweep looks at the entries of 1/leaseIdleRounds of the
 // shards, so an idle entry is forgotten within that many sweeps of being
-// idle for two ttls.
+// idle for a ttl (and a first sight within that many of ceasing to count).
 const leaseIdleRounds = 8
 
 // leaseCounters are a policy's lease units by event.
@@ -313,7 +326,22 @@ func (s *LeaseStore) Decide(ctx context.Context, checks []Check, results []Resul
 		return s.inner.Decide(ctx, checks, results)
 	}
 	for {
-		e := s.entry(checks)
+		now := s.clock.Now().UnixNano()
+		e, first, wait := s.lookup(checks, now)
+		if first.f != nil {
+			return s.decideFirst(ctx, first, checks, results, now)
+		}
+		if wait != nil {
+			select {
+			case <-wait.done:
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+			if wait.err != nil {
+				return false, wait.err
+			}
+			continue
+		}
 		admitted, retry, err := s.decideEntry(ctx, e, checks, results)
 		if !retry {
 			return admitted, err
@@ -322,6 +350,106 @@ func (s *LeaseStore) Decide(ctx context.Context, checks []Check, results []Resul
 			return s.inner.Decide(ctx, checks, results)
 		}
 	}
+}
+
+// lookup finds the entry of checks, or creates it when they were seen once
+// within the last ttl. A first sight gets no entry: it is only noted, in
+// the shard's seen table (16 bytes and the map's overhead instead of an
+// entry's ~700), and its request is decided by the inner store (first is
+// set: see decideFirst), as an entry's first request is anyway (its demand
+// is one request: see want). So the long tail of a large tenant
+// population, each tenant seen once a ttl or less often, costs an
+// instance a table of hashes, not a table of entries. The entry made at
+// the second sight counts the first in its demand, so leases grow as they
+// would have. While a first sight's decision is on the wire, the checks'
+// other requests get it as wait: one call, not a stampede. Checks with a
+// delay always get an entry (their refills hand out turns).
+func (s *LeaseStore) lookup(checks []Check, now int64) (e *leaseEntry, first firstSight, wait *leaseFlight) {
+	kb := s.keys.Get().(*[]byte)
+	*kb = appendLeaseKey((*kb)[:0], checks)
+	h := maphash.Bytes(s.seed, *kb)
+	sh := &s.shards[h%leaseShards]
+	sh.mu.Lock()
+	if e = sh.m[string(*kb)]; e == nil {
+		wait = sh.firsts[h]
+		until, seen := sh.seen[h]
+		switch {
+		case wait != nil:
+		case seen && now < until:
+			delete(sh.seen, h)
+			e = s.newEntry(string(*kb), checks)
+			e.shard = sh
+			e.noteDemand(until - e.ttl)
+			sh.m[e.key] = e
+		case hasDelay(checks):
+			e = s.newEntry(string(*kb), checks)
+			e.shard = sh
+			sh.m[e.key] = e
+		default:
+			if sh.seen == nil {
+				sh.seen, sh.firsts = make(map[uint64]int64), make(map[uint64]*leaseFlight)
+			}
+			sh.seen[h] = now + int64(leaseTTL(checks))
+			first = firstSight{sh: sh, hash: h, f: &leaseFlight{done: make(chan struct{})}}
+			sh.firsts[h] = first.f
+		}
+	}
+	sh.mu.Unlock()
+	s.keys.Put(kb)
+	return e, first, wait
+}
+
+// firstSight is the decision of a first sight on the wire (see lookup).
+type firstSight struct {
+	sh   *leaseShard
+	hash uint64
+	f    *leaseFlight
+}
+
+// decideFirst decides the first request of checks seen within a ttl (see
+// lookup) with the inner store. A denial makes an entry, which answers
+// the checks' next requests until Retry-After; the requests waiting for
+// this decision share its error, or look again.
+func (s *LeaseStore) decideFirst(ctx context.Context, first firstSight, checks []Check, results []Result, now int64) (bool, error) {
+	admitted, err := s.inner.Decide(ctx, checks, results)
+	if err == nil && !admitted {
+		e := s.entry(checks)
+		e.mu.Lock()
+		if !e.dead && e.flight == nil && e.units == 0 {
+			e.noteDemand(now)
+			copy(e.base, results[:len(checks)])
+			e.baseAt = now
+			e.deniedUntil = now + int64(e.baseRetryAfter())
+		}
+		e.mu.Unlock()
+	}
+	if err != nil && ctx.Err() == nil {
+		first.f.err = err
+	}
+	first.sh.mu.Lock()
+	delete(first.sh.firsts, first.hash)
+	first.sh.mu.Unlock()
+	close(first.f.done)
+	return admitted, err
+}
+
+// hasDelay reports whether a check of checks has a delay.
+func hasDelay(checks []Check) bool {
+	for i := range checks {
+		if checks[i].Rate.Delay > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// leaseTTL is the ttl of an entry of checks: the shortest of theirs.
+func leaseTTL(checks []Check) time.Duration {
+	ttl := checks[0].Lease.TTLFor(checks[0].Rate.Window)
+	for i := 1; i < len(checks); i++ {
+		ttl = min(ttl, checks[i].Lease.TTLFor(checks[i].Rate.Window))
+	}
+	return ttl
 }
 
 // entry finds or creates the entry of checks.
@@ -348,7 +476,7 @@ func (s *LeaseStore) newEntry(key string, checks []Check) *leaseEntry {
 		counters: make([]*leaseCounters, len(checks)),
 		base:     make([]Result, len(checks)),
 		max:      checks[0].Lease.Max,
-		ttl:      int64(checks[0].Lease.TTLFor(checks[0].Rate.Window)),
+		ttl:      int64(leaseTTL(checks)),
 	}
 	for i := range checks {
 		e.max = min(e.max, checks[i].Lease.Max)
@@ -357,7 +485,6 @@ func (s *LeaseStore) newEntry(key string, checks []Check) *leaseEntry {
 			// call: both must stay within MaxCount units.
 			e.max = max(1, min(e.max, MaxCount/(2*c)))
 		}
-		e.ttl = min(e.ttl, int64(checks[i].Lease.TTLFor(checks[i].Rate.Window)))
 		e.counters[i] = s.counters(checks[i].Policy)
 		e.delay = e.delay || checks[i].Rate.Delay > 0
 	}
@@ -902,13 +1029,20 @@ func (e *leaseEntry) watch(at int64) {
 }
 
 // forgetIdle drops the entries of sh that hold nothing and were not seen
-// for more than two lease TTLs.
+// for more than a lease ttl, and the first sights that no longer count.
+// Such an entry has no request within the last ttl, so its demand is one
+// request, as a new entry's: forgetting it changes no decision.
 func forgetIdle(sh *leaseShard, now int64) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	for h, until := range sh.seen {
+		if now >= until {
+			delete(sh.seen, h)
+		}
+	}
 	for k, e := range sh.m {
 		e.mu.Lock()
-		if e.flight == nil && e.units == 0 && now >= e.deniedUntil && now-e.lastSeen > 2*e.ttl {
+		if e.flight == nil && e.units == 0 && now >= e.deniedUntil && now-e.lastSeen > e.ttl {
 			e.dead = true
 			delete(sh.m, k)
 		}
