@@ -63,7 +63,7 @@ type LeaseOptions struct {
 	Clock Clock
 	// SweepInterval is how often expired leases are given back; 0 means
 	// 100ms, negative disables the sweeper (tests call Sweep). Entries
-	// idle for two lease TTLs are forgotten within leaseIdleRounds sweeps.
+	// idle for a lease TTL are forgotten within leaseIdleRounds sweeps.
 	SweepInterval time.Duration
 	// GiveBackTimeout bounds the give-backs of Close; 0 means 2s.
 	GiveBackTimeout time.Duration
@@ -410,9 +410,24 @@ type firstSight struct {
 // lookup) with the inner store. A denial makes an entry, which answers
 // the checks' next requests until Retry-After; the requests waiting for
 // this decision share its error, or look again.
-func (s *LeaseStore) decideFirst(ctx context.Context, first firstSight, checks []Check, results []Result, now int64) (bool, error) {
-	admitted, err := s.inner.Decide(ctx, checks, results)
-	if err == nil && !admitted {
+func (s *LeaseStore) decideFirst(ctx context.Context, first firstSight, checks []Check, results []Result, now int64) (admitted bool, err error) {
+	// Deferred, so that a panic in the store (recovered by net/http)
+	// cannot leave the checks' later requests waiting for this flight.
+	panicked := true
+	defer func() {
+		if panicked {
+			first.f.err = errors.New("limiter: the store panicked deciding this request")
+		} else if err != nil && ctx.Err() == nil {
+			first.f.err = err
+		}
+		first.sh.mu.Lock()
+		delete(first.sh.firsts, first.hash)
+		first.sh.mu.Unlock()
+		close(first.f.done)
+	}()
+	admitted, err = s.inner.Decide(ctx, checks, results)
+	panicked = false
+	if err == nil && !admitted && !s.closed.Load() {
 		e := s.entry(checks)
 		e.mu.Lock()
 		if !e.dead && e.flight == nil && e.units == 0 {
@@ -423,13 +438,6 @@ func (s *LeaseStore) decideFirst(ctx context.Context, first firstSight, checks [
 		}
 		e.mu.Unlock()
 	}
-	if err != nil && ctx.Err() == nil {
-		first.f.err = err
-	}
-	first.sh.mu.Lock()
-	delete(first.sh.firsts, first.hash)
-	first.sh.mu.Unlock()
-	close(first.f.done)
 	return admitted, err
 }
 
@@ -676,7 +684,10 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 		at := s.clock.Now().UnixNano()
 		s.count(e, LeaseAcquired, g.Requests)
 		e.units += g.Requests
-		e.lastGrant, e.prefetched = g.Requests, false
+		// The next top-up comes at a quarter of what the lease now holds:
+		// counted from a small top-up alone, the mark would sit below one
+		// unit and the lease would run dry before the next.
+		e.lastGrant, e.prefetched = e.units, false
 		e.at = g.At
 		if end := at + int64(g.Expires); end > e.expires {
 			e.expires = end
@@ -842,6 +853,11 @@ const leaseRecent = 8
 
 // noteDemand counts one request at now.
 func (e *leaseEntry) noteDemand(now int64) {
+	if e.lastSeen != 0 && now-e.lastSeen >= e.ttl {
+		// Nothing counted is within the last ttl: start afresh, as a new
+		// entry would (so forgetting an idle entry changes nothing).
+		e.demandCur, e.demandPrev = 0, 0
+	}
 	e.lastSeen = now
 	e.recent[e.recentNext%leaseRecent] = now
 	e.recentNext++
@@ -964,7 +980,7 @@ type giveBackJob struct {
 }
 
 // Sweep gives back the leases that expired unused, and forgets the
-// entries idle for more than two lease TTLs among 1/leaseIdleRounds of the
+// entries idle for more than a lease TTL among 1/leaseIdleRounds of the
 // shards (each entry is looked at once every leaseIdleRounds calls). The
 // sweeper calls it; tests may too. What it costs follows the leases that
 // ended since the last call and the entries of the shards it looks at for
@@ -1042,7 +1058,7 @@ func forgetIdle(sh *leaseShard, now int64) {
 	}
 	for k, e := range sh.m {
 		e.mu.Lock()
-		if e.flight == nil && e.units == 0 && now >= e.deniedUntil && now-e.lastSeen > e.ttl {
+		if e.flight == nil && e.units == 0 && now >= e.deniedUntil && now >= e.reserveUntil && now-e.lastSeen > e.ttl {
 			e.dead = true
 			delete(sh.m, k)
 		}

@@ -76,7 +76,7 @@ func expiringCount(s *LeaseStore) int {
 // TestLeaseSweepIdleAndExpired: the sweeper gives back an expired lease at
 // the first sweep after it ends, through the lease ends it recorded (none
 // is left over once they have passed), and forgets an entry idle for more
-// than two ttls within leaseIdleRounds sweeps, never one seen since.
+// than a ttl within leaseIdleRounds sweeps, never one seen since.
 func TestLeaseSweepIdleAndExpired(t *testing.T) {
 	srv := redistest.StartStandalone(t, redistest.Options{})
 	f := newLeaseFixture(t, srv, true, 1)
@@ -352,4 +352,148 @@ func TestLeaseEntryMemory(t *testing.T) {
 		t.Fatalf("%d entries after two sights of %d tenants", n, tenants)
 	}
 	runtime.KeepAlive(checks)
+}
+
+// hookStore is an admitAllStore that can panic once, deny, and hold its
+// calls until release is closed (telling entered first).
+type hookStore struct {
+	admitAllStore
+	panics  atomic.Int32
+	deny    bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *hookStore) Decide(ctx context.Context, checks []Check, results []Result) (bool, error) {
+	if h.panics.Add(-1) >= 0 {
+		panic("store failure")
+	}
+	if h.release != nil {
+		h.entered <- struct{}{}
+		<-h.release
+	}
+	if h.deny {
+		for i := range checks {
+			results[i] = Result{RetryAfter: time.Minute}
+		}
+		return false, nil
+	}
+	return h.admitAllStore.Decide(ctx, checks, results)
+}
+
+// TestLeaseFirstSightPanic: a store that panics deciding a first sight
+// (net/http recovers the panic) does not leave the checks' later requests
+// waiting for that decision forever.
+func TestLeaseFirstSightPanic(t *testing.T) {
+	in := &hookStore{}
+	in.panics.Store(1)
+	s := NewLeaseStore(LeaseOptions{Store: in, Taker: grantingTaker{}, SweepInterval: -1})
+	defer s.Close()
+	c := []Check{leaseCheck(TokenBucket, "panics", 1000, time.Hour, Lease{Max: 50})}
+	res := make([]Result, 1)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the store's panic did not reach the caller")
+			}
+		}()
+		s.Decide(bgCtx, c, res)
+	}()
+	ctx, cancel := context.WithTimeout(bgCtx, 2*time.Second)
+	defer cancel()
+	if ok, err := s.Decide(ctx, c, res); !ok || err != nil {
+		t.Fatalf("the request after the panic: admitted %v, err %v", ok, err)
+	}
+}
+
+// TestLeaseSmallTopUpKeepsPrefetching: a top-up of a few units (the lease
+// still held most of the demand) sets the next mark at a quarter of what
+// the lease then holds, so a steady tenant's requests keep being served
+// from the lease. Counted from the small top-up alone, the mark fell
+// below one unit and the lease ran dry: a request waited for a refill.
+func TestLeaseSmallTopUpKeepsPrefetching(t *testing.T) {
+	clk := newManualClock(baseTime)
+	s := NewLeaseStore(LeaseOptions{Store: admitAllStore{}, Taker: grantingTaker{}, Clock: clk, SweepInterval: -1})
+	defer s.Close()
+	c := []Check{leaseCheck(TokenBucket, "small-top-up", 1000, time.Hour, Lease{Max: 50, TTL: time.Second})}
+	e := s.entry(c)
+	now := clk.Now().UnixNano()
+	e.mu.Lock()
+	for i := range 6 {
+		e.noteDemand(now - int64(i)*int64(10*time.Millisecond))
+	}
+	// Five left of a grant of 20: the next request leaves 4 (a fifth of
+	// 20) and tops up to the demand of 7.
+	e.units, e.lastGrant, e.expires = 5, 20, now+int64(time.Second)
+	e.mu.Unlock()
+	res := make([]Result, 1)
+	for i := range 30 {
+		if ok, err := s.Decide(bgCtx, c, res); !ok || err != nil || res[0].From != OriginLease {
+			t.Fatalf("request %d: admitted %v, err %v, from %v; want every one from the lease", i, ok, err, res[0].From)
+		}
+		clk.Advance(10 * time.Millisecond)
+	}
+}
+
+// TestLeaseIdleEntryStartsAfresh: an entry idle for a ttl counts its
+// demand as a new entry would, so forgetting it changes nothing: a busy
+// period's count does not carry over into the size of the next lease.
+func TestLeaseIdleEntryStartsAfresh(t *testing.T) {
+	s := NewLeaseStore(LeaseOptions{Store: admitAllStore{}, Taker: grantingTaker{}, SweepInterval: -1})
+	defer s.Close()
+	c := []Check{leaseCheck(TokenBucket, "idle", 1000, time.Hour, Lease{Max: 500, TTL: time.Second})}
+	kept, fresh := s.newEntry("kept", c), s.newEntry("fresh", c)
+	t0 := baseTime.UnixNano()
+	for i := range 100 {
+		kept.noteDemand(t0 + int64(i)*int64(time.Millisecond))
+	}
+	t1 := t0 + int64(1200*time.Millisecond)
+	for i := range 8 {
+		kept.noteDemand(t1 + int64(i))
+		fresh.noteDemand(t1 + int64(i))
+	}
+	if k, f := kept.want(t1+8), fresh.want(t1+8); k != f {
+		t.Fatalf("an entry idle for 1.2 ttl wants %d, a new one %d", k, f)
+	}
+}
+
+// TestLeaseKeepsEntryHandingOutTurns: an entry whose turns (a delay)
+// reach past its idle ttl is not forgotten while they last.
+func TestLeaseKeepsEntryHandingOutTurns(t *testing.T) {
+	clk := newManualClock(baseTime)
+	s := NewLeaseStore(LeaseOptions{Store: admitAllStore{}, Taker: grantingTaker{}, Clock: clk, SweepInterval: -1})
+	defer s.Close()
+	c := leaseCheck(TokenBucket, "turns", 1000, time.Hour, Lease{Max: 50, TTL: time.Second})
+	c.Rate.Delay = 30 * time.Second
+	e := s.entry([]Check{c})
+	now := clk.Now().UnixNano()
+	e.mu.Lock()
+	e.noteDemand(now)
+	e.reserveUntil = now + int64(20*time.Second)
+	e.mu.Unlock()
+	clk.Advance(2 * time.Second)
+	forgetIdle(e.shard, clk.Now().UnixNano())
+	if entryCount(s) != 1 {
+		t.Fatal("an entry handing out turns for 18s more was forgotten")
+	}
+}
+
+// TestLeaseCloseDuringFirstSight: a first sight denied after Close makes
+// no entry in the drained store.
+func TestLeaseCloseDuringFirstSight(t *testing.T) {
+	in := &hookStore{deny: true, entered: make(chan struct{}), release: make(chan struct{})}
+	s := NewLeaseStore(LeaseOptions{Store: in, Taker: grantingTaker{}, SweepInterval: -1})
+	c := []Check{leaseCheck(TokenBucket, "closing", 1000, time.Hour, Lease{Max: 50})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Decide(bgCtx, c, make([]Result, 1))
+	}()
+	<-in.entered
+	s.Close()
+	close(in.release)
+	<-done
+	if n := entryCount(s); n != 0 {
+		t.Fatalf("%d entries after Close", n)
+	}
 }
