@@ -342,7 +342,7 @@ func (s *LeaseStore) Decide(ctx context.Context, checks []Check, results []Resul
 			}
 			continue
 		}
-		admitted, retry, err := s.decideEntry(ctx, e, checks, results)
+		admitted, retry, err := s.decideEntry(ctx, e, checks, results, now)
 		if !retry {
 			return admitted, err
 		}
@@ -377,14 +377,10 @@ func (s *LeaseStore) lookup(checks []Check, now int64) (e *leaseEntry, first fir
 		case wait != nil:
 		case seen && now < until:
 			delete(sh.seen, h)
-			e = s.newEntry(string(*kb), checks)
-			e.shard = sh
+			e = s.addEntry(sh, string(*kb), checks)
 			e.noteDemand(until - e.ttl)
-			sh.m[e.key] = e
 		case hasDelay(checks):
-			e = s.newEntry(string(*kb), checks)
-			e.shard = sh
-			sh.m[e.key] = e
+			e = s.addEntry(sh, string(*kb), checks)
 		default:
 			if sh.seen == nil {
 				sh.seen, sh.firsts = make(map[uint64]int64), make(map[uint64]*leaseFlight)
@@ -432,9 +428,7 @@ func (s *LeaseStore) decideFirst(ctx context.Context, first firstSight, checks [
 		e.mu.Lock()
 		if !e.dead && e.flight == nil && e.units == 0 {
 			e.noteDemand(now)
-			copy(e.base, results[:len(checks)])
-			e.baseAt = now
-			e.deniedUntil = now + int64(e.baseRetryAfter())
+			e.cacheDenial(results, now)
 		}
 		e.mu.Unlock()
 	}
@@ -468,12 +462,19 @@ func (s *LeaseStore) entry(checks []Check) *leaseEntry {
 	sh.mu.Lock()
 	e := sh.m[string(*kb)]
 	if e == nil {
-		e = s.newEntry(string(*kb), checks)
-		e.shard = sh
-		sh.m[e.key] = e
+		e = s.addEntry(sh, string(*kb), checks)
 	}
 	sh.mu.Unlock()
 	s.keys.Put(kb)
+	return e
+}
+
+// addEntry makes the entry of checks under key in sh. Called with sh.mu
+// held.
+func (s *LeaseStore) addEntry(sh *leaseShard, key string, checks []Check) *leaseEntry {
+	e := s.newEntry(key, checks)
+	e.shard = sh
+	sh.m[key] = e
 	return e
 }
 
@@ -558,8 +559,7 @@ func (s *LeaseStore) count(e *leaseEntry, ev LeaseEvent, n int64) {
 
 // decideEntry decides one request of e. retry means e was forgotten
 // meanwhile: look it up again.
-func (s *LeaseStore) decideEntry(ctx context.Context, e *leaseEntry, checks []Check, results []Result) (admitted, retry bool, err error) {
-	now := s.clock.Now().UnixNano()
+func (s *LeaseStore) decideEntry(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (admitted, retry bool, err error) {
 	e.mu.Lock()
 	e.noteDemand(now)
 	for {
@@ -811,11 +811,17 @@ func (s *LeaseStore) decideOne(ctx context.Context, e *leaseEntry, checks []Chec
 		return false, err
 	}
 	if !admitted {
-		copy(e.base, results[:len(checks)])
-		e.baseAt = now
-		e.deniedUntil = now + int64(e.baseRetryAfter())
+		e.cacheDenial(results, now)
 	}
 	return admitted, nil
+}
+
+// cacheDenial keeps the store's denial of e's checks (results) at now and
+// answers them from it until its Retry-After. Called with e.mu held.
+func (e *leaseEntry) cacheDenial(results []Result, now int64) {
+	copy(e.base, results[:len(e.base)])
+	e.baseAt = now
+	e.deniedUntil = now + int64(e.baseRetryAfter())
 }
 
 // baseRetryAfter is the longest Retry-After of the store's last answer
