@@ -314,6 +314,42 @@ type caddyProcess struct {
 	dir   string
 	logs  *syncBuffer
 	*caddyServer
+
+	// exited is closed when the process has exited; exitErr is then its
+	// Wait error. One goroutine waits on the process (see watch): a
+	// second cmd.Wait would race with it.
+	exited  chan struct{}
+	exitErr error
+}
+
+// watch waits for the started process in the background.
+func (p *caddyProcess) watch() {
+	p.exited = make(chan struct{})
+	go func() {
+		p.exitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+}
+
+// waitExit waits up to d for the process to exit and returns its Wait
+// error; ok is false when it was still running after d.
+func (p *caddyProcess) waitExit(d time.Duration) (err error, ok bool) {
+	select {
+	case <-p.exited:
+		return p.exitErr, true
+	case <-time.After(d):
+		return nil, false
+	}
+}
+
+// hasExited reports whether the process has exited.
+func (p *caddyProcess) hasExited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
 }
 
 // startCaddyProcess runs the built binary with a Caddyfile in which
@@ -338,6 +374,7 @@ func startCaddyProcessEnv(t *testing.T, env []string, caddyfile string) *caddyPr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	p.watch()
 	t.Cleanup(p.stop)
 	waitListening(t, p.port)
 	return p
@@ -354,18 +391,13 @@ func (p *caddyProcess) writeConfig(caddyfile string) string {
 }
 
 func (p *caddyProcess) stop() {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- p.cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-done
-		p.t.Error("caddy did not stop within 10s of SIGTERM")
+	if !p.hasExited() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		if _, ok := p.waitExit(10 * time.Second); !ok {
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+			p.t.Error("caddy did not stop within 10s of SIGTERM")
+		}
 	}
 	if p.t.Failed() {
 		p.t.Logf("caddy on :%d output:\n%s", p.port, p.logs.String())
@@ -460,8 +492,9 @@ func startCaddyConfig(t *testing.T, adapter, config string) *caddyProcess {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	p.watch()
 	t.Cleanup(func() {
-		if p.cmd.ProcessState != nil && t.Failed() {
+		if p.hasExited() && t.Failed() {
 			t.Logf("caddy on :%d exited early; output:\n%s", p.port, p.logs.String())
 		}
 		p.stop()
