@@ -181,6 +181,12 @@ type leaseCounters [NumLeaseEvents]atomic.Int64
 type leaseFlight struct {
 	done chan struct{}
 	err  error
+	// A first sight's flight (see lookup) keeps its request's checks, so
+	// that forget can find it; forgotten (guarded by the shard's mu) is
+	// set when it does: the decision on the wire predates a reset and is
+	// not cached.
+	checks    []Check
+	forgotten bool
 }
 
 // leaseEntry is the lease state of one set of checks. Every field below
@@ -224,6 +230,10 @@ type leaseEntry struct {
 	reserveUntil int64
 	// dead: forgotten by the store; look the checks up again.
 	dead bool
+	// resets counts forget's visits: a call made before one answers for
+	// buckets a reset has emptied since, and is neither cached (a denial)
+	// nor served beyond its own request (a grant). See forget.
+	resets uint32
 
 	// Prefetch (see prefetchable): lastGrant is the size of the last
 	// grant; prefetched is set while a grant was prefetched for it (or the
@@ -328,6 +338,10 @@ func (s *LeaseStore) Decide(ctx context.Context, checks []Check, results []Resul
 	for {
 		now := s.clock.Now().UnixNano()
 		e, first, wait := s.lookup(checks, now)
+		if e == nil && first.f == nil && wait == nil {
+			// Closed since the check above.
+			return s.inner.Decide(ctx, checks, results)
+		}
 		if first.f != nil {
 			return s.decideFirst(ctx, first, checks, results, now)
 		}
@@ -364,13 +378,19 @@ func (s *LeaseStore) Decide(ctx context.Context, checks []Check, results []Resul
 // would have. While a first sight's decision is on the wire, the checks'
 // other requests get it as wait: one call, not a stampede. Checks with a
 // delay always get an entry (their refills hand out turns).
+//
+// Once the store is closed, lookup returns nothing: Close may have
+// emptied the shard already, and nothing would give back what a new
+// entry leased. (Close marks the store closed before it takes a shard's
+// lock, so a lookup under that lock either sees closed or made its entry
+// before Close took the shard's entries.)
 func (s *LeaseStore) lookup(checks []Check, now int64) (e *leaseEntry, first firstSight, wait *leaseFlight) {
 	kb := s.keys.Get().(*[]byte)
 	*kb = appendLeaseKey((*kb)[:0], checks)
 	h := maphash.Bytes(s.seed, *kb)
 	sh := &s.shards[h%leaseShards]
 	sh.mu.Lock()
-	if e = sh.m[string(*kb)]; e == nil {
+	if e = sh.m[string(*kb)]; e == nil && !s.closed.Load() {
 		wait = sh.firsts[h]
 		until, seen := sh.seen[h]
 		switch {
@@ -386,7 +406,7 @@ func (s *LeaseStore) lookup(checks []Check, now int64) (e *leaseEntry, first fir
 				sh.seen, sh.firsts = make(map[uint64]int64), make(map[uint64]*leaseFlight)
 			}
 			sh.seen[h] = now + int64(leaseTTL(checks))
-			first = firstSight{sh: sh, hash: h, f: &leaseFlight{done: make(chan struct{})}}
+			first = firstSight{sh: sh, hash: h, f: &leaseFlight{done: make(chan struct{}), checks: checks}}
 			sh.firsts[h] = first.f
 		}
 	}
@@ -412,7 +432,7 @@ func (s *LeaseStore) decideFirst(ctx context.Context, first firstSight, checks [
 	panicked := true
 	defer func() {
 		if panicked {
-			first.f.err = errors.New("limiter: the store panicked deciding this request")
+			first.f.err = errStorePanicked
 		} else if err != nil && ctx.Err() == nil {
 			first.f.err = err
 		}
@@ -423,8 +443,10 @@ func (s *LeaseStore) decideFirst(ctx context.Context, first firstSight, checks [
 	}()
 	admitted, err = s.inner.Decide(ctx, checks, results)
 	panicked = false
-	if err == nil && !admitted && !s.closed.Load() {
-		e := s.entry(checks)
+	if err != nil || admitted {
+		return admitted, err
+	}
+	if e := s.entryUnless(checks, first.f); e != nil {
 		e.mu.Lock()
 		if !e.dead && e.flight == nil && e.units == 0 {
 			e.noteDemand(now)
@@ -433,6 +455,25 @@ func (s *LeaseStore) decideFirst(ctx context.Context, first firstSight, checks [
 		e.mu.Unlock()
 	}
 	return admitted, err
+}
+
+// errStorePanicked is the error of the requests that waited for a call
+// whose store panicked (net/http recovers the panic of the request that
+// made it). Each call on the wire clears its flight in a deferred
+// function, so that such a panic cannot leave the entry's later requests
+// waiting for it.
+var errStorePanicked = errors.New("limiter: the store panicked deciding this request")
+
+// abandon ends e's flight f after its store panicked: the waiters wake
+// with err (nil: they look again). Called without e.mu.
+func (e *leaseEntry) abandon(f *leaseFlight, err error) {
+	e.mu.Lock()
+	if e.flight == f {
+		e.flight = nil
+	}
+	f.err = err
+	e.mu.Unlock()
+	close(f.done)
 }
 
 // hasDelay reports whether a check of checks has a delay.
@@ -454,14 +495,21 @@ func leaseTTL(checks []Check) time.Duration {
 	return ttl
 }
 
-// entry finds or creates the entry of checks.
+// entry finds or creates the entry of checks; nil once the store is
+// closed (see lookup).
 func (s *LeaseStore) entry(checks []Check) *leaseEntry {
+	return s.entryUnless(checks, nil)
+}
+
+// entryUnless is entry, except that it makes no entry when first (the
+// checks' first sight, or nil) was forgotten by a reset meanwhile.
+func (s *LeaseStore) entryUnless(checks []Check, first *leaseFlight) *leaseEntry {
 	kb := s.keys.Get().(*[]byte)
 	*kb = appendLeaseKey((*kb)[:0], checks)
 	sh := &s.shards[maphash.Bytes(s.seed, *kb)%leaseShards]
 	sh.mu.Lock()
 	e := sh.m[string(*kb)]
-	if e == nil {
+	if e == nil && !s.closed.Load() && (first == nil || !first.forgotten) {
 		e = s.addEntry(sh, string(*kb), checks)
 	}
 	sh.mu.Unlock()
@@ -619,6 +667,8 @@ func (s *LeaseStore) decideEntry(ctx context.Context, e *leaseEntry, checks []Ch
 // too far away is cached as a denial until the moment it could come
 // within the delay (until then the store would deny it too).
 func (s *LeaseStore) reserve(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (bool, error) {
+	// No flight: a reset meanwhile drops e (see forget), and what this
+	// sets goes with it.
 	admitted, err := s.inner.Decide(ctx, checks, results)
 	if err != nil {
 		return false, err
@@ -666,9 +716,18 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 		Instances: s.instances(),
 		TTL:       time.Duration(e.ttl),
 	}
+	resets := e.resets
 	e.mu.Unlock()
 
+	panicked := true
+	defer func() {
+		if panicked {
+			// The units left still serve; the waiters look again.
+			e.abandon(f, nil)
+		}
+	}()
 	g, err := s.taker.Lease(context.WithoutCancel(ctx), &req, results)
+	panicked = false
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -680,6 +739,12 @@ func (s *LeaseStore) prefetch(ctx context.Context, e *leaseEntry, now int64) {
 			s.count(e, LeaseLost, req.Want)
 		}
 		// The units left still serve; the waiters, if any, refill.
+	case e.resets != resets:
+		// Reset meanwhile: the units were charged in buckets the reset
+		// emptied. Serving them would admit that many more than the
+		// fresh limit, and giving them back would credit the new buckets.
+		s.count(e, LeaseExpired, g.Requests)
+		e.prefetched = false
 	case g.Requests > 0:
 		at := s.clock.Now().UnixNano()
 		s.count(e, LeaseAcquired, g.Requests)
@@ -723,11 +788,24 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 		req.GiveBack, req.GiveBackAt, req.ID = e.units, e.at, NewChargeID()
 		e.units = 0
 	}
+	resets := e.resets
 	e.mu.Unlock()
 
+	panicked := true
+	defer func() {
+		if panicked {
+			// The units being given back are owed all the same; under
+			// its id, the give-back can be sent again whether or not
+			// this call ran.
+			s.count(e, LeaseExpired, req.GiveBack)
+			s.retryGiveBack(&req, errStorePanicked)
+			e.abandon(f, errStorePanicked)
+		}
+	}()
 	// The refill serves the waiters too: the caller going away must not
 	// cancel it (the store's own timeout bounds it).
 	g, err := s.taker.Lease(context.WithoutCancel(ctx), &req, results)
+	panicked = false
 
 	e.mu.Lock()
 	e.flight = nil
@@ -751,6 +829,23 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 		return false, false, err
 	}
 	s.count(e, LeaseReturned, req.GiveBack)
+	if e.resets != resets {
+		// Reset meanwhile (see prefetch): the answer is this request's
+		// alone; nothing of it is cached or kept.
+		for i := range results[:len(checks)] {
+			results[i].From = OriginStore
+		}
+		if g.Requests <= 0 {
+			return false, false, nil
+		}
+		s.count(e, LeaseAcquired, g.Requests)
+		s.count(e, LeaseSpent, 1)
+		s.count(e, LeaseExpired, g.Requests-1)
+		for i := range results[:len(checks)] {
+			results[i].At = g.At * int64(time.Microsecond)
+		}
+		return true, false, nil
+	}
 	copy(e.base, results[:len(checks)])
 	e.baseAt = now
 	if g.Requests <= 0 {
@@ -798,8 +893,16 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 func (s *LeaseStore) decideOne(ctx context.Context, e *leaseEntry, checks []Check, results []Result, now int64) (admitted bool, err error) {
 	f := &leaseFlight{done: make(chan struct{})}
 	e.flight = f
+	resets := e.resets
 	e.mu.Unlock()
+	panicked := true
+	defer func() {
+		if panicked {
+			e.abandon(f, errStorePanicked)
+		}
+	}()
 	admitted, err = s.inner.Decide(ctx, checks, results)
+	panicked = false
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.flight = nil
@@ -810,7 +913,7 @@ func (s *LeaseStore) decideOne(ctx context.Context, e *leaseEntry, checks []Chec
 	if err != nil {
 		return false, err
 	}
-	if !admitted {
+	if !admitted && e.resets == resets {
 		e.cacheDenial(results, now)
 	}
 	return admitted, nil
@@ -943,9 +1046,9 @@ func (s *LeaseStore) Reset(ctx context.Context, tenant string, policies []string
 // cached denials of tenant, of policy only when it is not empty, without
 // asking the store: for instances told that another one reset the tenant.
 func (s *LeaseStore) Forget(tenant, policy string) {
-	s.forget(func(e *leaseEntry) bool {
-		for i := range e.checks {
-			if e.checks[i].Tenant == tenant && (policy == "" || e.checks[i].Policy == policy) {
+	s.forget(func(checks []Check) bool {
+		for i := range checks {
+			if checks[i].Tenant == tenant && (policy == "" || checks[i].Policy == policy) {
 				return true
 			}
 		}
@@ -954,15 +1057,25 @@ func (s *LeaseStore) Forget(tenant, policy string) {
 }
 
 // forget drops the entries match selects, without giving anything back.
-func (s *LeaseStore) forget(match func(*leaseEntry) bool) {
+// A call of theirs on the wire, and a first sight's, will find that they
+// were forgotten (leaseEntry.resets, leaseFlight.forgotten): its answer
+// predates the reset, so it is not cached, and only its own request is
+// served from it.
+func (s *LeaseStore) forget(match func([]Check) bool) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
+		for _, f := range sh.firsts {
+			if match(f.checks) {
+				f.forgotten = true
+			}
+		}
 		for k, e := range sh.m {
-			if !match(e) {
+			if !match(e.checks) {
 				continue
 			}
 			e.mu.Lock()
+			e.resets++
 			if e.flight == nil {
 				s.count(e, LeaseExpired, e.units)
 				e.units, e.deniedUntil, e.reserveUntil, e.dead = 0, 0, 0, true

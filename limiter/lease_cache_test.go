@@ -830,3 +830,211 @@ func TestLeaseTimeoutCountsLost(t *testing.T) {
 	}
 	t.Logf("acquired %d, returned %d, lost (bound) %d, Redis charged %d", st.Acquired, st.Returned, st.Lost, charged)
 }
+
+// gatedClock is a manual clock whose next reading, once armed, waits:
+// entered is signalled, and the reading returns when release is closed.
+type gatedClock struct {
+	*manualClock
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (c *gatedClock) Now() time.Time {
+	if c.armed.CompareAndSwap(true, false) {
+		c.entered <- struct{}{}
+		<-c.release
+	}
+	return c.manualClock.Now()
+}
+
+// TestLeaseDecideRacingClose: a request that passed Decide's closed check
+// just before Close, and looks its checks up after Close emptied their
+// shard, is decided without leaving a lease in the closed store: what
+// Redis holds is what the requests used. (It once made an entry there and
+// leased two units for its one request; nothing gave the other back.)
+func TestLeaseDecideRacingClose(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	rs := NewRedisStore(RedisOptions{Client: srv.Client(t), Timeout: testTimeout})
+	clk := &gatedClock{manualClock: newManualClock(baseTime), entered: make(chan struct{}), release: make(chan struct{})}
+	rs.now = func() int64 { return clk.manualClock.Now().UnixMicro() }
+	ls := NewLeaseStore(LeaseOptions{Store: rs, Taker: rs, Clock: clk, SweepInterval: -1})
+	c := []Check{leaseCheck(TokenBucket, "racing-close", 100, time.Hour, Lease{Max: 50, TTL: time.Hour})}
+	res := make([]Result, 1)
+	// A first sight: the second request would make the entry and lease.
+	if ok, err := ls.Decide(bgCtx, c, res); !ok || err != nil {
+		t.Fatalf("first request: admitted %v, err %v", ok, err)
+	}
+	clk.armed.Store(true)
+	type outcome struct {
+		ok  bool
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res := make([]Result, 1)
+		ok, err := ls.Decide(bgCtx, c, res)
+		done <- outcome{ok, err}
+	}()
+	<-clk.entered // past the closed check, before the lookup
+	ls.Close()
+	close(clk.release)
+	if o := <-done; !o.ok || o.err != nil {
+		t.Fatalf("second request: admitted %v, err %v", o.ok, o.err)
+	}
+	if err := rs.Peek(bgCtx, c, res); err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Remaining != 98 {
+		t.Fatalf("Redis holds %d remaining after 2 requests of 100, want 98", res[0].Remaining)
+	}
+	if n := entryCount(ls); n != 0 {
+		t.Fatalf("%d entries in the closed store", n)
+	}
+}
+
+// afterGate, once armed, holds the next call it wraps after the call ran:
+// entered is signalled, and the call returns when release is closed.
+type afterGate struct {
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newAfterGate() *afterGate {
+	return &afterGate{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (g *afterGate) pass() {
+	if g.armed.CompareAndSwap(true, false) {
+		g.entered <- struct{}{}
+		<-g.release
+	}
+}
+
+// afterGateTaker is a LeaseTaker whose calls pass its gate after they ran.
+type afterGateTaker struct {
+	LeaseTaker
+	*afterGate
+}
+
+func (t afterGateTaker) Lease(ctx context.Context, req *LeaseRequest, results []Result) (LeaseGrant, error) {
+	g, err := t.LeaseTaker.Lease(ctx, req, results)
+	t.pass()
+	return g, err
+}
+
+// afterGateStore is a Store whose decisions pass its gate after they ran.
+type afterGateStore struct {
+	Store
+	*afterGate
+}
+
+func (s afterGateStore) Decide(ctx context.Context, checks []Check, results []Result) (bool, error) {
+	ok, err := s.Store.Decide(ctx, checks, results)
+	s.pass()
+	return ok, err
+}
+
+// TestLeaseResetDuringCall: Redis answers a lease call or a decision made
+// before a reset of its tenant, and the answer arrives after the reset.
+// Afterwards the tenant gets exactly its limit: a denial answered before
+// the reset is not cached, and units leased before it are not served
+// (the reset emptied the bucket they were charged in). Before this was
+// fixed, a late denial was served until its Retry-After and a late
+// grant's units were served on top of the fresh limit.
+func TestLeaseResetDuringCall(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	for _, tc := range []struct {
+		name string
+		// drain: empty the bucket in Redis before the gated call, so
+		// that Redis denies it.
+		drain bool
+		// first: the gated call is a first sight's decision (no entry
+		// yet); otherwise it is an entry's refill.
+		first bool
+		// delay: the check waits up to this long for a turn, so a
+		// denied refill asks Redis for a turn: the gated call then. (A
+		// turn's call holds no flight: the reset drops the entry, and
+		// the denial cached in it goes with it.)
+		delay time.Duration
+	}{
+		{name: "refill-granted"},
+		{name: "refill-denied", drain: true},
+		{name: "first-sight-denied", drain: true, first: true},
+		{name: "turn-denied", drain: true, delay: time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := NewRedisStore(RedisOptions{Client: srv.Client(t), Timeout: testTimeout})
+			clk := newManualClock(baseTime)
+			rs.now = func() int64 { return clk.Now().UnixMicro() }
+			// The gated call: a decision (a first sight's, or a turn's)
+			// or a lease.
+			decideGate, leaseGate := newAfterGate(), newAfterGate()
+			gate := leaseGate
+			if tc.first || tc.delay > 0 {
+				gate = decideGate
+			}
+			ls := NewLeaseStore(LeaseOptions{Store: afterGateStore{rs, decideGate}, Taker: afterGateTaker{rs, leaseGate}, Clock: clk, SweepInterval: -1})
+			t.Cleanup(func() { ls.Close() })
+			c := []Check{leaseCheck(TokenBucket, "reset-during-"+tc.name, 10, time.Hour, Lease{Max: 4, TTL: time.Hour})}
+			c[0].Rate.Delay = tc.delay
+			res := make([]Result, 1)
+			decide := func() bool {
+				t.Helper()
+				ok, err := ls.Decide(bgCtx, c, res)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			if !tc.first {
+				// A first sight, a lease of 2, a request served from it.
+				for i := range 3 {
+					if !decide() {
+						t.Fatalf("request %d denied", i+1)
+					}
+				}
+			}
+			if tc.drain {
+				for {
+					if ok, err := rs.Decide(bgCtx, c, res); err != nil {
+						t.Fatal(err)
+					} else if !ok {
+						break
+					}
+				}
+			}
+			gate.armed.Store(true)
+			done := make(chan bool, 1)
+			go func() {
+				res := make([]Result, 1)
+				ok, _ := ls.Decide(bgCtx, c, res)
+				done <- ok
+			}()
+			<-gate.entered // Redis has answered; the answer is held
+			if err := ls.Reset(bgCtx, c[0].Tenant, []string{c[0].Policy}); err != nil {
+				t.Fatal(err)
+			}
+			close(gate.release)
+			if ok := <-done; ok == tc.drain {
+				t.Fatalf("the gated request: admitted %v, want %v", ok, !tc.drain)
+			}
+			admitted := 0
+			for range 20 {
+				if decide() {
+					admitted++
+				}
+			}
+			if admitted != 10 {
+				t.Fatalf("%d of 20 requests admitted after the reset, want the limit, 10", admitted)
+			}
+			if err := rs.Peek(bgCtx, c, res); err != nil {
+				t.Fatal(err)
+			}
+			if res[0].Remaining != 0 {
+				t.Fatalf("Redis holds %d remaining, want 0", res[0].Remaining)
+			}
+		})
+	}
+}

@@ -497,3 +497,74 @@ func TestLeaseCloseDuringFirstSight(t *testing.T) {
 		t.Fatalf("%d entries after Close", n)
 	}
 }
+
+// panicTaker is a LeaseTaker that panics on its next panics calls.
+type panicTaker struct {
+	grantingTaker
+	panics atomic.Int32
+}
+
+func (p *panicTaker) Lease(ctx context.Context, req *LeaseRequest, results []Result) (LeaseGrant, error) {
+	if p.panics.Add(-1) >= 0 {
+		panic("store failure")
+	}
+	return p.grantingTaker.Lease(ctx, req, results)
+}
+
+// TestLeaseFlightPanic: a store that panics during an entry's call (a
+// refill, a prefetch, or the decision of a lone request; net/http
+// recovers the panic) does not leave the entry's later requests waiting
+// for that call forever: each of the next 100 is admitted at once.
+func TestLeaseFlightPanic(t *testing.T) {
+	for _, call := range []string{"refill", "prefetch", "decide-one"} {
+		t.Run(call, func(t *testing.T) {
+			clk := newManualClock(baseTime)
+			in, taker := &hookStore{}, &panicTaker{}
+			s := NewLeaseStore(LeaseOptions{Store: in, Taker: taker, Clock: clk, SweepInterval: -1})
+			defer s.Close()
+			c := []Check{leaseCheck(TokenBucket, "panics-"+call, 1<<20, time.Hour, Lease{Max: 8, TTL: time.Minute})}
+			res := make([]Result, 1)
+			panicked := false
+			decide := func() {
+				t.Helper()
+				defer func() {
+					if recover() != nil {
+						panicked = true
+					}
+				}()
+				ctx, cancel := context.WithTimeout(bgCtx, 2*time.Second)
+				defer cancel()
+				if ok, err := s.Decide(ctx, c, res); !ok || err != nil {
+					t.Fatalf("admitted %v, err %v", ok, err)
+				}
+			}
+			switch call {
+			case "refill":
+				decide() // a first sight
+				taker.panics.Store(1)
+				decide() // the entry's first lease
+			case "prefetch":
+				for range 20 {
+					decide() // leases of 2, 4 and 8
+				}
+				taker.panics.Store(1)
+				for i := 0; !panicked && i < 20; i++ {
+					decide()
+				}
+			case "decide-one":
+				for range 3 {
+					decide() // a first sight and a lease of 2, spent
+				}
+				clk.Advance(2 * time.Minute) // the demand is one again
+				in.panics.Store(1)
+				decide()
+			}
+			if !panicked {
+				t.Fatalf("the store's %s did not panic", call)
+			}
+			for range 100 {
+				decide()
+			}
+		})
+	}
+}
