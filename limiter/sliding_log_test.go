@@ -310,8 +310,8 @@ func TestSlidingLogHugeRandom(t *testing.T) {
 					c2.Cost = rng.Int64N(1 << 52)
 					checks = append(checks, c2)
 				}
-				var results [2][]Result
-				var admitted [2]bool
+				results := make([][]Result, len(stores))
+				admitted := make([]bool, len(stores))
 				peek := rng.IntN(5) == 0
 				for i, s := range stores {
 					results[i] = make([]Result, len(checks))
@@ -325,12 +325,14 @@ func TestSlidingLogHugeRandom(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if admitted[0] != admitted[1] {
-					t.Fatalf("step %d: admitted memory %v, redis %v (%+v)", step, admitted[0], admitted[1], checks)
-				}
-				for j := range checks {
-					if !sameResult(true, results[1][j], results[0][j]) {
-						t.Fatalf("step %d (at %s) check %d of %+v:\nmemory %+v\nredis  %+v", step, at, j, checks, results[0][j], results[1][j])
+				for k := 1; k < len(stores); k++ {
+					if admitted[0] != admitted[k] {
+						t.Fatalf("step %d: admitted memory %v, %s %v (%+v)", step, admitted[0], targets[k].name, admitted[k], checks)
+					}
+					for j := range checks {
+						if !sameResult(true, results[k][j], results[0][j]) {
+							t.Fatalf("step %d (at %s) check %d of %+v:\nmemory %+v\n%s %+v", step, at, j, checks, results[0][j], targets[k].name, results[k][j])
+						}
 					}
 				}
 			}

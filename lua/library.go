@@ -16,8 +16,9 @@ import (
 // The library is the same source as the scripts: common.lua and the
 // algorithms, with KEYS and ARGV declared as library locals that each
 // function sets from its own keys and arguments before it runs its entry
-// point unchanged. The algorithms keep no state of a call between calls
-// (what they cache, they cache on the call's own rate tables).
+// point unchanged. The algorithms keep no state of a call between calls;
+// the library keeps the rate tables it built, by their arguments (RATES in
+// common.lua).
 //
 // The library and function names carry a digest of the source, so
 // instances of two versions (a rolling upgrade) each find their own.
@@ -41,6 +42,8 @@ func init() {
 	var b strings.Builder
 	b.WriteString("local KEYS, ARGV\n")
 	b.WriteString(algorithms)
+	// The library keeps its rates between calls (see RATES in common.lua).
+	b.WriteString("\nRATES = {}\n")
 	for _, e := range libraryEntries {
 		b.WriteString("\n")
 		b.WriteString("redis.register_function('@@_" + e.name + "', function(keys, args)\n")
