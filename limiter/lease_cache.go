@@ -834,6 +834,9 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 		// alone; nothing of it is cached or kept.
 		for i := range results[:len(checks)] {
 			results[i].From = OriginStore
+			if g.Requests > 0 {
+				results[i].At = g.At * int64(time.Microsecond)
+			}
 		}
 		if g.Requests <= 0 {
 			return false, false, nil
@@ -841,9 +844,6 @@ func (s *LeaseStore) refill(ctx context.Context, e *leaseEntry, checks []Check, 
 		s.count(e, LeaseAcquired, g.Requests)
 		s.count(e, LeaseSpent, 1)
 		s.count(e, LeaseExpired, g.Requests-1)
-		for i := range results[:len(checks)] {
-			results[i].At = g.At * int64(time.Microsecond)
-		}
 		return true, false, nil
 	}
 	copy(e.base, results[:len(checks)])

@@ -165,6 +165,22 @@ local CHECK_ARGS = 7
 local RATES, RATES_N = nil, 0
 local RATES_MAX = 2048
 
+-- new_rate builds the rate of a check from its arguments' strings.
+local function new_rate(sl, sw, sb, sm)
+  local limit, burst = tonumber(sl), tonumber(sb)
+  local cap = limit
+  if burst > 0 then cap = burst end
+  -- Every field in the constructor: a field added later grows the
+  -- table's hash part, which costs Redis more than building it.
+  return {
+    limit = limit,
+    window = tonumber(sw),
+    burst = burst,
+    minint = tonumber(sm),
+    cap = cap,
+  }
+end
+
 -- parse_check reads check i whose arguments start after ARGV[base]. It
 -- returns the algorithm implementation, the rate, the cost and the shadow
 -- flag.
@@ -173,42 +189,23 @@ local function parse_check(i, base)
   local name = ARGV[b + 1]
   local alg = algorithm(name)
   local sl, sw, sb, sm = ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]
-  local memo
+  local r
   if RATES and name ~= 'calendar' then
+    if RATES_N >= RATES_MAX then RATES, RATES_N = {}, 0 end
     local t = RATES[sl]
-    if t then t = t[sw] end
-    if t then memo = t[sb] end
-    if memo then
-      local r = memo[sm]
-      if r then return alg, r, tonumber(ARGV[b + 6]), ARGV[b + 7] == '1' end
+    if not t then t = {}; RATES[sl] = t end
+    local u = t[sw]
+    if not u then u = {}; t[sw] = u end
+    local v = u[sb]
+    if not v then v = {}; u[sb] = v end
+    r = v[sm]
+    if not r then
+      r = new_rate(sl, sw, sb, sm)
+      v[sm] = r
+      RATES_N = RATES_N + 1
     end
-  end
-  local limit, burst = tonumber(sl), tonumber(sb)
-  local cap = limit
-  if burst > 0 then cap = burst end
-  -- Every field in the constructor: a field added later grows the
-  -- table's hash part, which costs Redis more than building it.
-  local r = {
-    limit = limit,
-    window = tonumber(sw),
-    burst = burst,
-    minint = tonumber(sm),
-    cap = cap,
-  }
-  if RATES and name ~= 'calendar' then
-    if RATES_N >= RATES_MAX then
-      RATES, RATES_N, memo = {}, 0, nil
-    end
-    if not memo then
-      local t = RATES[sl]
-      if not t then t = {}; RATES[sl] = t end
-      local u = t[sw]
-      if not u then u = {}; t[sw] = u end
-      memo = u[sb]
-      if not memo then memo = {}; u[sb] = memo end
-    end
-    memo[sm] = r
-    RATES_N = RATES_N + 1
+  else
+    r = new_rate(sl, sw, sb, sm)
   end
   return alg, r, tonumber(ARGV[b + 6]), ARGV[b + 7] == '1'
 end

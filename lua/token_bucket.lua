@@ -41,35 +41,27 @@ ALGORITHMS.token_bucket = function()
     return rem, reset
   end
 
-  -- full reports whether s is a full bucket w µs after its last update
-  -- (settle's test).
-  local function full(w, s, r)
-    return deficit(s, s.at + w, r) == 0
-  end
-
   -- The admitted path (every decision of a tenant within its limit) and
   -- a written key's TTL run flat versions of result, wait and the TTL's
-  -- settle below: there, settle's test through holds or full and deficit
-  -- is two or three calls per evaluation, and Redis's Lua pays more for
-  -- the calls and the reads of the state and rate tables than for the
-  -- arithmetic (about a sixth of a decision's time, bench/scripts.sh).
+  -- settle below (search): settle's test through holds and deficit was
+  -- three calls per evaluation, and Redis's Lua pays more for the calls
+  -- and the reads of the state and rate tables than for the arithmetic
+  -- (about a sixth of a decision's time, bench/scripts.sh).
   -- The arithmetic is the same, operation for operation, so every answer
   -- and TTL is the same to the microsecond (the conformance tests compare
   -- the answers with the Go side's).
 
-  -- wait_after is wait({at = t, f = g}, now, r, n) for t >= now, g > 0:
-  -- the µs until the bucket with deficit g at t holds n tokens, settle's
-  -- search with holds inlined (L, W, c: r's limit, window and cap).
-  local function wait_after(g, t, now, L, W, c, n)
-    local need = n - (c - g)
-    if need <= 0 then return t - now end
-    local w = (t - now) + ceil_pos(need * W / L)
-    local d = g - ((now + w) - t) * L / W
+  -- search is settle(w, test) for the test "the bucket with deficit g
+  -- at t, left alone until base + w, holds n of its c tokens" (holds, and
+  -- with c = n = 0 full), inlined: the smallest w near the estimate w
+  -- for which it holds (L, W: r's limit and window).
+  local function search(w, g, base, t, L, W, c, n)
+    local d = g - ((base + w) - t) * L / W
     if d ~= d or d <= 0 then d = 0 end
     if c - d >= n then
       for _ = 1, 8 do
         if w <= 0 then break end
-        d = g - ((now + (w - 1)) - t) * L / W
+        d = g - ((base + (w - 1)) - t) * L / W
         if d ~= d or d <= 0 then d = 0 end
         if c - d < n then break end
         w = w - 1
@@ -82,10 +74,18 @@ ALGORITHMS.token_bucket = function()
       w = w + step
       if i >= 4 then step = step + step end
       i = i + 1
-      d = g - ((now + w) - t) * L / W
+      d = g - ((base + w) - t) * L / W
       if d ~= d or d <= 0 then d = 0 end
     until c - d >= n
     return w
+  end
+
+  -- wait_after is wait({at = t, f = g}, now, r, n) for t >= now, g > 0:
+  -- the µs until the bucket with deficit g at t holds n tokens.
+  local function wait_after(g, t, now, L, W, c, n)
+    local need = n - (c - g)
+    if need <= 0 then return t - now end
+    return search((t - now) + ceil_pos(need * W / L), g, now, t, L, W, c, n)
   end
 
   return {
@@ -133,31 +133,12 @@ ALGORITHMS.token_bucket = function()
 
     -- ttl: the bucket is full again once the deficit has refilled, at most
     -- cap/limit windows after the last update (<= window when burst is
-    -- unset): settle(ceil_pos(f x window / limit), full, s, r), flat.
+    -- unset): the first instant at which its deficit is 0.
     ttl = function(s, now, r)
       local f, at = s.f, s.at
       if f <= 0 then return at - now end
       local L, W = r.limit, r.window
-      local w = ceil_pos(f * W / L)
-      local d = f - ((at + w) - at) * L / W
-      if d ~= d or d <= 0 then
-        for _ = 1, 8 do
-          if w <= 0 then break end
-          d = f - ((at + (w - 1)) - at) * L / W
-          if not (d ~= d or d <= 0) then break end
-          w = w - 1
-        end
-        return at + w - now
-      end
-      local step, i = 1, 0
-      repeat
-        if w >= MAX_SAFE then return MAX_SAFE end
-        w = w + step
-        if i >= 4 then step = step + step end
-        i = i + 1
-        d = f - ((at + w) - at) * L / W
-      until d ~= d or d <= 0
-      return at + w - now
+      return at + search(ceil_pos(f * W / L), f, at, at, L, W, 0, 0) - now
     end,
 
     refund = function(s, r, cost, at)
