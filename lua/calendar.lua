@@ -1,5 +1,5 @@
 -- calendar.lua: fixed_window over calendar periods; mirrors
--- limiter/fixedwindow.go with a limiter.Calendar.
+-- limiter/fixed_window.go with a limiter.Calendar.
 --
 -- A Lua script cannot do time zones, so the Go side (limiter.RedisStore)
 -- computes the period boundaries around its own clock and passes them:

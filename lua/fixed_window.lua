@@ -1,4 +1,4 @@
--- fixed_window.lua: mirrors limiter/fixedwindow.go.
+-- fixed_window.lua: mirrors limiter/fixed_window.go.
 --
 -- Windows of length W aligned to the Unix epoch; a request of cost c is
 -- admitted when n + c <= limit, the count starting from zero each window.

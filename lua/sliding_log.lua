@@ -1,4 +1,4 @@
--- sliding_log.lua: mirrors limiter/slidinglog.go.
+-- sliding_log.lua: mirrors limiter/sliding_log.go.
 --
 -- The bucket logs the instant of every admitted unit (a request of cost c
 -- logs c units at the same instant) and counts those in the trailing

@@ -1,4 +1,4 @@
--- sliding_window.lua: mirrors limiter/slidingwindow.go.
+-- sliding_window.lua: mirrors limiter/sliding_window.go.
 --
 -- Windows of length W aligned to the Unix epoch; the bucket counts units
 -- of the current window (n) and of the previous one (prev) and weighs prev
@@ -8,80 +8,67 @@
 --
 -- State {at, n, prev}: at = start of the current window, stored as
 -- struct.pack('<ddd') (24 bytes).
+--
+-- This is the default algorithm, so its decision is written for Redis's
+-- time: a reset tests the bucket at instants near an estimate, and Redis's
+-- Lua pays more for a function call, a table read or a math.* lookup per
+-- test than for the arithmetic itself. So the tests and the roll run
+-- inline, on numbers rather than state and rate tables; the arithmetic is
+-- the same, operation for operation, as the straightforward form it
+-- replaced, so every answer is the same to the microsecond (the
+-- conformance tests compare the answers with the Go side's).
 ALGORITHMS.sliding_window = function()
-  -- roll finds the window that holds now (or the stored one when the
-  -- clock went back): it returns that window's start, its count, the
-  -- previous window's count and the time elapsed in it. It returns
-  -- numbers, not a state table: a decision rolls its bucket several times
-  -- (each reset tries instants near its estimate), and a table per roll
-  -- costs Redis more than the rest of the arithmetic.
-  local floor, max = math.floor, math.max
-  local function roll(s, now, W)
-    local t = max(now, s.at)
-    -- window_start(t, W), without its guards where they cannot apply: for
-    -- integers t < 2^53 and W >= 1, the float t / W is never rounded up
-    -- to the next integer, so its floor is exact.
-    local ws
-    if t < MAX_SAFE then ws = floor(t / W) * W else ws = window_start(t, W) end
-    if ws == s.at then
-      return ws, s.n, s.prev, t - ws
-    elseif ws == s.at + W then
-      return ws, 0, s.n, t - ws
-    end
-    return ws, 0, 0, t - ws
-  end
+  local floor, ceil = math.floor, math.ceil
 
-  local function prev_weight(prev, e, W)
-    if prev <= 0 then return 0 end
-    return prev * (W - e) / W
-  end
-
-  -- fits compares pw <= limit - n - c so that a tiny pw is never absorbed
-  -- by a large count.
-  local function fits(n, pw, L, c)
-    local room = L - n - c
-    return room >= 0 and pw <= room
-  end
-
-  -- fits_after reports whether s, left alone for w µs after now, admits c
-  -- units (settle's test): fits and prev_weight, inlined (settle calls it
-  -- at least twice per reset).
-  local function fits_after(w, s, now, r, c)
-    local W = r.window
-    local _, n, prev, e = roll(s, now + w, W)
-    local room = r.limit - n - c
-    if room < 0 then return false end
-    return prev <= 0 or prev * (W - e) / W <= room
-  end
-
-  -- wait returns the µs from now until s, left alone, admits c units; at,
-  -- n, prev and e are roll(s, now, r.window), which its callers have.
-  local function wait(s, now, r, c, at, n, prev, e)
-    local W, L = r.window, r.limit
-    local base = at + e - now -- > 0 only when the clock went back
+  -- wait returns the µs from now until the bucket (at, n, prev), rolled
+  -- to now (at starts the window that holds now, e µs ago), admits c units
+  -- under limit L and window W if left alone: a float estimate, then
+  -- settle's search (common.lua) with its test inlined.
+  local function wait(now, at, n, prev, e, L, W, c)
     local w = 0
     if n + c <= L then
       if prev > 0 then
-        local en = ceil_pos(W - (L - n - c) * W / prev)
-        if en > e then w = en - e end
+        -- When the previous window's weight has fallen to L - n - c.
+        local en = W - (L - n - c) * W / prev
+        if en > e then w = ceil(en) - e end
       end
     else
+      -- In the next window, when this one's weight has fallen to L - c.
       w = W - e
-      if n > L - c then
-        w = w + ceil_pos(W - (L - c) * W / n)
+      if n > L - c then w = w + ceil(W - (L - c) * W / n) end
+    end
+    w = w + (at + e - now) -- > 0 only when the clock went back
+    -- The search walks down from an estimate that admits (at most 8 µs),
+    -- or up from one that does not, by steps that double after the
+    -- fourth. Its test rolls the bucket to now + w by subtraction, since
+    -- at starts a window: in this window the previous one weighs prev
+    -- against room L - n - c; in the next one this one weighs n against
+    -- room L - c; after that nothing counts. It compares the weight with
+    -- the room, not weight + n + c with the limit, so that a tiny weight
+    -- is never absorbed by a large count.
+    local d, here, next = now - at, L - n - c, L - c
+    local down, step, i = nil, 1, 0
+    while true do
+      local x, ok = d + w, next >= 0
+      if x < W then
+        if x < 0 then x = 0 end -- the clock went back: the window's start
+        ok = here >= 0 and (prev <= 0 or prev * (W - x) / W <= here)
+      elseif x < W + W then
+        ok = ok and (n <= 0 or n * (W - (x - W)) / W <= next)
+      end
+      if down == nil then down = ok end
+      if down then
+        if not ok then return w + 1 end
+        if i >= 8 or w <= 0 then return w end
+        w, i = w - 1, i + 1
+      else
+        if ok then return w end
+        if w >= MAX_SAFE then return MAX_SAFE end
+        w = w + step
+        if i >= 4 then step = step + step end
+        i = i + 1
       end
     end
-    return settle(w + base, fits_after, s, now, r, c)
-  end
-
-  -- result reports remaining and reset of src at now (at, n, prev and e
-  -- are roll(src, now, r.window); pw is the previous window's weight).
-  local function result(src, now, r, at, n, prev, e, pw)
-    local L = r.limit
-    local rem = math.min(max(L - n - ceil_pos(pw), 0), L)
-    local reset = 0
-    if rem < L then reset = wait(src, now, r, rem + 1, at, n, prev, e) end
-    return rem, reset
   end
 
   return {
@@ -98,24 +85,48 @@ ALGORITHMS.sliding_window = function()
     end,
 
     eval = function(s, now, r, cost)
-      local at, n, prev, e = roll(s, now, r.window)
-      local pw = prev_weight(prev, e, r.window)
-      if cost > 0 and cost <= r.limit and fits(n, pw, r.limit, cost) then
-        -- Admitted: only the bucket after the charge is reported (its
-        -- reset is the one costly part of a decision; compute it once).
-        local cur = {at = at, n = n + cost, prev = prev}
-        local rem, reset = result(cur, now, r, at, n + cost, prev, e, pw)
-        return true, rem, 0, reset, cur
+      local L, W = r.limit, r.window
+      -- Roll the bucket to the window that holds now (the stored one when
+      -- the clock went back). window_start(t, W) without its guards where
+      -- they cannot apply: for integers t < 2^53 and W >= 1, the float
+      -- t / W is never rounded up to the next integer, so its floor is
+      -- exact.
+      local at, n, prev, t = s.at, s.n, s.prev, now
+      if t < at then t = at end
+      local ws
+      if t < MAX_SAFE then ws = floor(t / W) * W else ws = window_start(t, W) end
+      if ws ~= at then
+        if ws == at + W then n, prev = 0, n else n, prev = 0, 0 end
+        at = ws
+      end
+      local e = t - ws
+      local pw = 0 -- the previous window's weight
+      if prev > 0 then pw = prev * (W - e) / W end
+      local room = L - n - cost
+      local ok = cost > 0 and cost <= L and room >= 0 and pw <= room
+      if ok then n = n + cost end
+      -- Remaining and reset of the bucket reported: after the charge when
+      -- admitted (the reset is the one costly part of a decision; it is
+      -- computed once).
+      local rem, reset = L - n, 0
+      if pw > 0 then rem = rem - ceil(pw) end
+      if rem >= L then
+        rem = L
+      else
+        if rem < 0 then rem = 0 end
+        reset = wait(now, at, n, prev, e, L, W, rem + 1)
+      end
+      if ok then
+        return true, rem, 0, reset, {at = at, n = n, prev = prev}
       end
       local cur = s
       if at ~= s.at then cur = {at = at, n = n, prev = prev} end
-      local rem, reset = result(s, now, r, at, n, prev, e, pw)
       if cost == 0 then
         return true, rem, 0, reset, cur
-      elseif cost > r.limit then
-        return false, rem, r.window, reset, cur
+      elseif cost > L then
+        return false, rem, W, reset, cur
       end
-      return false, rem, wait(s, now, r, cost, at, n, prev, e), reset, cur
+      return false, rem, wait(now, at, n, prev, e, L, W, cost), reset, cur
     end,
 
     -- ttl: the current window's units count until the end of the next
@@ -138,4 +149,3 @@ ALGORITHMS.sliding_window = function()
     end,
   }
 end
-

@@ -1,4 +1,4 @@
--- token_bucket.lua: mirrors limiter/tokenbucket.go.
+-- token_bucket.lua: mirrors limiter/token_bucket.go.
 --
 -- The bucket holds at most cap tokens (burst, else limit) and refills
 -- continuously at limit tokens per window; it starts full. A request of
