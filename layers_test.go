@@ -35,6 +35,7 @@ var outside = map[string][]string{
 	"internal/manualclock": nil,
 	"cmd/caddy":            {"."},
 	"bench/luasrc":         {"lua"},
+	"bench/libdiff":        nil,
 	"bench/protectload":    nil,
 	// bench/peers is a module of its own: the peers bench/run.sh measures
 	// Tollgate against, not part of the product.
