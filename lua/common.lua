@@ -77,30 +77,16 @@ local function window_start(t, w)
   return idiv(t, w) * w
 end
 
--- settle returns the smallest wait near w for which ok(w, a, b, c, d)
--- holds (ok is monotonic in w): a float estimate is checked against the
--- admission test itself, so a wait is never earlier than the quota really
--- frees. ok takes its data as arguments rather than as a closure: Redis
--- runs the whole script on every call, and a closure built per call costs
--- an allocation.
-local function settle(w, ok, a, b, c, d)
-  if ok(w, a, b, c, d) then
-    local i = 0
-    while i < 8 and w > 0 and ok(w - 1, a, b, c, d) do
-      w = w - 1
-      i = i + 1
-    end
-    return w
-  end
-  local step, i = 1, 0
-  while not ok(w, a, b, c, d) do
-    if w >= MAX_SAFE then return MAX_SAFE end
-    w = w + step
-    if i >= 4 then step = step + step end
-    i = i + 1
-  end
-  return w
-end
+-- The wait search (settle in limiter/algorithms.go). A wait (Retry-After,
+-- Reset) starts from a float estimate w and is checked against the
+-- admission test itself, so that it is never earlier than the quota
+-- really frees: when the test holds at w, walk down one µs at a time
+-- while it still holds, at most 8 times; when it does not, walk up by
+-- steps of 1 µs that double after the fourth, until it holds (stopping
+-- at MAX_SAFE). Each algorithm that needs it runs this search with its
+-- own test written inline (token_bucket.lua's search, sliding_window.lua's
+-- wait): a test function called per evaluation, with its data in
+-- tables, cost Redis more than the arithmetic.
 
 -- int formats an integer-valued number for a Redis argument (tostring
 -- would print 1e+15).

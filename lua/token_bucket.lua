@@ -16,44 +16,10 @@ ALGORITHMS.token_bucket = function()
     return d
   end
 
-  -- holds reports whether s, left alone for w µs after now, holds n
-  -- tokens (settle's test).
-  local function holds(w, s, now, r, n)
-    return r.cap - deficit(s, now + w, r) >= n
-  end
-
-  -- wait returns the µs from now until s, left alone, holds n tokens.
-  local function wait(s, now, r, n)
-    local t = math.max(now, s.at)
-    local need = n - (r.cap - deficit(s, t, r))
-    if need <= 0 then return t - now end
-    local w = (t - now) + ceil_pos(need * r.window / r.limit)
-    return settle(w, holds, s, now, r, n)
-  end
-
-  -- result reports remaining and reset for deficit d at now; the wait is
-  -- computed from src, the state as stored.
-  local function result(src, d, now, r)
-    local c = r.cap
-    local rem = floor_units(c - d, c)
-    local reset = 0
-    if rem < c then reset = wait(src, now, r, rem + 1) end
-    return rem, reset
-  end
-
-  -- The admitted path (every decision of a tenant within its limit) runs
-  -- a flat version of result and wait, with settle's search below
-  -- (search): settle's test through holds and deficit was three calls
-  -- per evaluation, and Redis's Lua pays more for function calls, math.*
-  -- lookups and reads of the state and rate tables than for the
-  -- arithmetic (bench/scripts.sh). The arithmetic is the same, operation
-  -- for operation, so every answer is the same to the microsecond (the
-  -- conformance tests compare the answers with the Go side's).
-
-  -- search is settle(w, test) for the test "the bucket with deficit g
-  -- at t, left alone until base + w, holds n of its c tokens" (holds, and
-  -- with c = n = 0 full), inlined: the smallest w near the estimate w
-  -- for which it holds (L, W: r's limit and window).
+  -- search is the wait search (common.lua) for the test "the bucket with
+  -- deficit g at t, left alone until base + w, holds n of its c tokens"
+  -- (with c = n = 0: is full), written inline: the smallest w near the
+  -- estimate w for which it holds (L, W: r's limit and window).
   local function search(w, g, base, t, L, W, c, n)
     local d = g - ((base + w) - t) * L / W
     if d ~= d or d <= 0 then d = 0 end
@@ -78,6 +44,33 @@ ALGORITHMS.token_bucket = function()
     until c - d >= n
     return w
   end
+
+  -- wait returns the µs from now until s, left alone, holds n tokens.
+  local function wait(s, now, r, n)
+    local t = math.max(now, s.at)
+    local need = n - (r.cap - deficit(s, t, r))
+    if need <= 0 then return t - now end
+    local w = (t - now) + ceil_pos(need * r.window / r.limit)
+    return search(w, s.f, now, s.at, r.limit, r.window, r.cap, n)
+  end
+
+  -- result reports remaining and reset for deficit d at now; the wait is
+  -- computed from src, the state as stored.
+  local function result(src, d, now, r)
+    local c = r.cap
+    local rem = floor_units(c - d, c)
+    local reset = 0
+    if rem < c then reset = wait(src, now, r, rem + 1) end
+    return rem, reset
+  end
+
+  -- The admitted path (every decision of a tenant within its limit) runs
+  -- a flat version of result and wait: Redis's Lua pays more for
+  -- function calls, math.* lookups and reads of the state and rate
+  -- tables than for the arithmetic (bench/scripts.sh). The arithmetic is
+  -- the same, operation for operation, so every answer is the same to the
+  -- microsecond (the conformance tests compare the answers with the Go
+  -- side's).
 
   return {
     decode = function(raw)
