@@ -22,8 +22,8 @@ ALGORITHMS.sliding_window = function()
 
   -- wait returns the µs from now until the bucket (at, n, prev), rolled
   -- to now (at starts the window that holds now, e µs ago), admits c units
-  -- under limit L and window W if left alone: a float estimate, then
-  -- settle's search (common.lua) with its test inlined.
+  -- under limit L and window W if left alone: a float estimate, then the
+  -- wait search (common.lua) with its test written inline.
   local function wait(now, at, n, prev, e, L, W, c)
     local w = 0
     if n + c <= L then
@@ -38,24 +38,24 @@ ALGORITHMS.sliding_window = function()
       if n > L - c then w = w + ceil(W - (L - c) * W / n) end
     end
     w = w + (at + e - now) -- > 0 only when the clock went back
-    -- The search walks down from an estimate that admits (at most 8 µs),
-    -- or up from one that does not, by steps that double after the
-    -- fourth. Its test rolls the bucket to now + w by subtraction, since
-    -- at starts a window: in this window the previous one weighs prev
-    -- against room L - n - c; in the next one this one weighs n against
-    -- room L - c; after that nothing counts. It compares the weight with
-    -- the room, not weight + n + c with the limit, so that a tiny weight
-    -- is never absorbed by a large count.
-    local d, here, next = now - at, L - n - c, L - c
+    -- The test rolls the bucket to now + w by subtraction, since at
+    -- starts a window: in this window the previous one weighs prev against
+    -- room L - n - c; in the next one this one weighs n against room
+    -- L - c; after that nothing counts. It compares the weight with the
+    -- room, not weight + n + c with the limit, so that a tiny weight is
+    -- never absorbed by a large count.
+    local d, room_this, room_next = now - at, L - n - c, L - c
     local down, step, i = nil, 1, 0
     while true do
-      local x, ok = d + w, next >= 0
+      local x, ok = d + w, room_next >= 0
       if x < W then
         if x < 0 then x = 0 end -- the clock went back: the window's start
-        ok = here >= 0 and (prev <= 0 or prev * (W - x) / W <= here)
+        ok = room_this >= 0 and (prev <= 0 or prev * (W - x) / W <= room_this)
       elseif x < W + W then
-        ok = ok and (n <= 0 or n * (W - (x - W)) / W <= next)
+        ok = ok and (n <= 0 or n * (W - (x - W)) / W <= room_next)
       end
+      -- The walk: down from an estimate that admits, up from one that
+      -- does not (common.lua).
       if down == nil then down = ok end
       if down then
         if not ok then return w + 1 end
