@@ -1,6 +1,9 @@
 package limiter
 
-import "context"
+import (
+	"context"
+	"strconv"
+)
 
 // Holds: concurrency slots given back once.
 //
@@ -28,8 +31,22 @@ import "context"
 // releases in the fallback's Recorder (RetryRelease), which sends them
 // until the store answers.
 //
+// A held slot is also leased (lua/held.lua): the acquire lists it, with
+// the instant its lease ends, in the bucket's held index (appendHeldKey),
+// a request still running renews the lease every KeepSlotsEvery
+// (KeepSlotsAlive), and the next acquire in the bucket after a lease
+// ended gives the slot back and records its hold "gone". So the slots of
+// an instance that died with requests in flight come back within
+// RedisSlotLease, even while other instances keep acquiring, and a late
+// release of such a slot (an instance that was only paused) gives nothing
+// back twice. The price: a request cut off from Redis for a whole lease
+// loses its slot while it still runs, so the bucket may admit one more
+// request than its limit for the rest of that request.
+//
 // The cost: an acquire reads and writes one more key, a release reads and
-// deletes it. A record lives until its release, at most 24 hours (the
+// deletes it; the lease adds a ZADD to an acquire, a ZRANGEBYSCORE of the
+// index to each acquire (nothing more while no lease ended) and a ZREM to
+// a release. A record lives until its release, at most 24 hours (the
 // records of an instance that died with requests in flight); a "gone" one
 // IdempotencyTTL. Releases the Recorder still holds when the instance
 // stops are lost with it, as every call it keeps.
@@ -107,3 +124,22 @@ type ranError struct {
 }
 
 func (e ranError) Error() string { return e.err.Error() }
+
+// heldSegment is the second segment of a held index's key.
+const heldSegment = "held"
+
+// appendHeldKey appends the key of the held index of the concurrency
+// bucket of tenant in policy (and part), <prefix>:held:{<tenant>}:<policy>[:<part>]:
+// the bucket's key with the algorithm's segment replaced, which the
+// scripts derive from the bucket key (held_index in lua/held.lua).
+func appendHeldKey(dst []byte, prefix, tenant, policy, part string) []byte {
+	return appendTenantKey(dst, prefix, heldSegment, tenant, policy, part)
+}
+
+// appendHeldMember appends c's member in its bucket's held index:
+// "<units>|<hold key>" (lua/held.lua).
+func appendHeldMember(dst []byte, prefix string, c *Check) []byte {
+	dst = strconv.AppendInt(dst, c.Cost, 10)
+	dst = append(dst, '|')
+	return appendOnceKey(dst, prefix, c.Tenant, c.Hold)
+}

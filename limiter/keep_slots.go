@@ -2,27 +2,29 @@ package limiter
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// Keeping the slots of long requests. A concurrency counter in Redis
-// expires RedisConcurrencyTTL after its last acquire, so that the slots of
-// an instance that died are forgotten. A request that holds its slot
-// longer than that while no other request acquires in its bucket (a
-// websocket, a long stream) would be forgotten too: the bucket would
-// admit more than its limit, and the request's release would then take a
-// slot off a counter created since. So a request holding slots on Redis
+// Keeping the slots of long requests. A concurrency slot held on Redis is
+// leased for RedisSlotLease (hold.go): the next acquire in its bucket
+// after the lease ended gives it back, so that the slots of an instance
+// that died are not kept for as long as other acquires keep the counter
+// alive. A request that holds its slot longer than a lease (a websocket,
+// a long stream) would lose it too: the bucket would admit more than its
+// limit. And its counter expires RedisConcurrencyTTL after the bucket's
+// last acquire. So a request holding slots on Redis renews its leases and
 // sets its counters' TTL again every KeepSlotsEvery while it runs: one
-// PEXPIRE per counter, per request still running, every 5 minutes;
-// nothing for shorter requests, nothing for the embedded store, and no
-// work over the keyspace.
+// script call (lua/keep.lua) per slot, per request still running, every
+// 20 seconds; nothing for shorter requests, nothing for the embedded
+// store, and no work over the keyspace.
 
 // KeepSlotsEvery is how often a request holding concurrency slots on
-// Redis sets their counters' TTL again: half the TTL.
-const KeepSlotsEvery = RedisConcurrencyTTL / 2
+// Redis renews their leases: a third of the lease, so two renewals in a
+// row may fail (Redis briefly away) before the slot is lost.
+const KeepSlotsEvery = RedisSlotLease / 3
 
 // KeepSlotsAlive starts keeping the concurrency slots d holds on Redis,
 // every `every` (KeepSlotsEvery), and returns the function that stops it:
@@ -91,18 +93,30 @@ func redisUnder(s Store) *RedisStore {
 	}
 }
 
-// keepSlots sets the TTL of the concurrency counters of checks again, in
-// one pipeline, within the store's timeout. A counter that is gone stays
-// gone (PEXPIRE of a missing key does nothing).
+// keepSlots renews the leases of the concurrency slots of checks and sets
+// their counters' TTL again (lua/keep.lua), one call per check, within the
+// store's timeout. A lease that ended and was given back stays given
+// back; a counter that is gone stays gone.
 func (s *RedisStore) keepSlots(ctx context.Context, checks []Check) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range checks {
-			c := &checks[i]
-			p.PExpire(ctx, string(AppendKey(nil, s.prefix, Concurrency, c.Tenant, c.Policy, c.Part)), RedisConcurrencyTTL)
+	var nowArg any = argZero
+	if s.now != nil {
+		nowArg = strconv.FormatInt(s.now(), 10)
+	}
+	sc := s.getScratch()
+	defer s.putScratch(sc)
+	var errs []error
+	for i := range checks {
+		c := &checks[i]
+		key := string(AppendKey(nil, s.prefix, Concurrency, c.Tenant, c.Policy, c.Part))
+		member := ""
+		if held(c) {
+			member = string(appendHeldMember(nil, s.prefix, c))
 		}
-		return nil
-	})
-	return err
+		if _, err := s.eval(ctx, sc, scriptKeep, []string{key}, []any{nowArg, member}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

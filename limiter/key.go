@@ -104,13 +104,22 @@ func AppendTenantTag(dst []byte, tenant string) []byte {
 // configuration names validated to contain no separator or brace. The
 // {tenant} hash tag keeps every key of a tenant in one Redis Cluster slot.
 func AppendKey(dst []byte, prefix string, algo Algorithm, tenant, policy, part string) []byte {
+	return appendTenantKey(dst, prefix, algo.String(), tenant, policy, part)
+}
+
+// appendTenantKey appends <prefix>:<segment>:{<tenant>}:<name>[:<part>]
+// to dst: the layout of every key of a tenant (a bucket's, with its
+// algorithm as segment; a held index's; a once key's, its id as name),
+// all in the tenant's Cluster slot. name is written as it is; part, when
+// not empty, by AppendEscaped.
+func appendTenantKey(dst []byte, prefix, segment, tenant, name, part string) []byte {
 	dst = append(dst, prefix...)
 	dst = append(dst, ':')
-	dst = append(dst, algo.String()...)
+	dst = append(dst, segment...)
 	dst = append(dst, ':', '{')
 	dst = AppendTenantTag(dst, tenant)
 	dst = append(dst, '}', ':')
-	dst = append(dst, policy...)
+	dst = append(dst, name...)
 	if part != "" {
 		dst = append(dst, ':')
 		dst = AppendEscaped(dst, part)

@@ -65,13 +65,7 @@ func NewChargeID() string {
 // appendOnceKey appends the id key of a call to the buckets of tenant:
 // <prefix>:once:{<tenant>}:<id>.
 func appendOnceKey(dst []byte, prefix, tenant, id string) []byte {
-	dst = append(dst, prefix...)
-	dst = append(dst, ':')
-	dst = append(dst, onceSegment...)
-	dst = append(dst, ':', '{')
-	dst = AppendTenantTag(dst, tenant)
-	dst = append(dst, '}', ':')
-	return append(dst, id...)
+	return appendTenantKey(dst, prefix, onceSegment, tenant, id, "")
 }
 
 // NotSent reports whether err is a failure of a call that never reached

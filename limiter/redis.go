@@ -26,6 +26,16 @@ const (
 	// alive itself (Decision.KeepSlotsAlive). It is the value of
 	// CONCURRENCY_TTL_MS in lua/concurrency.lua.
 	RedisConcurrencyTTL = 10 * time.Minute
+	// RedisSlotLease is how long a concurrency slot held on Redis stays
+	// taken without word from its request: the acquire leases it for that
+	// long, and a request still running renews the lease every
+	// KeepSlotsEvery (Decision.KeepSlotsAlive). The next acquire in the
+	// bucket after a lease ended gives the slot back: its instance died,
+	// or was cut off from Redis (or paused) for a whole lease. So the
+	// slots of a dead instance come back within a lease even while other
+	// instances keep acquiring, which sets the counter's TTL again each
+	// time. It is SLOT_LEASE_MS in lua/held.lua.
+	RedisSlotLease = time.Minute
 )
 
 // RedisOptions configures NewRedisStore.
@@ -221,6 +231,7 @@ func newLuaScript(src, entry string) *luaScript {
 var (
 	decideScript  = newLuaScript(lua.Decide, "decide")
 	releaseScript = newLuaScript(lua.Release, "release")
+	keepScript    = newLuaScript(lua.Keep, "keep")
 	resetScript   = newLuaScript(lua.Reset, "reset")
 
 	// The mode strings are boxed once: converting them to any on every
@@ -238,6 +249,7 @@ var (
 	argReleaseUnsure any = "unsure"
 	scriptRelease        = &redisScript{"release", releaseScript, nil}
 	scriptReset          = &redisScript{"reset", resetScript, nil}
+	scriptKeep           = &redisScript{"keep", keepScript, nil}
 )
 
 // Arguments boxed once: converting them to any on every call would

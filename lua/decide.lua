@@ -85,6 +85,7 @@ if holds and (holds.released or holds.ran) then
   end
   return out
 end
+if holds then reclaim(holds, now) end
 
 -- One check in decide mode, the common request: the same semantics as the
 -- loop below without its per-check tables (each table costs Redis about
@@ -95,7 +96,7 @@ if n == 1 and mode == 'decide' then
   local ok, rem, retry, reset, nxt = alg.eval((load(alg, key)), now, r, cost)
   if ok and cost > 0 then
     save(key, alg, nxt, r, now)
-    if holds then hold_slots(holds, 1, {true}) end
+    if holds then hold_slots(holds, 1, {true}, now) end
   end
   return {(ok or shadow) and 1 or 0, now, ok and 1 or 0, rem, math.max(retry, 0), math.max(reset, 0)}
 end
@@ -177,7 +178,7 @@ if (mode == 'decide' and admitted) or mode == 'force' then
   for key, i in pairs(last) do
     save(key, algs[i], buckets[key].cur, rates[i], now)
   end
-  if holds then hold_slots(holds, n, charged) end
+  if holds then hold_slots(holds, n, charged, now) end
 elseif mode ~= 'peek' then
   -- Not admitted (or a dry run): nothing was charged.
   for i = 1, n do

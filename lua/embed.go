@@ -15,7 +15,8 @@
 // loaded once, so its definitions are not rebuilt on every call.
 //
 // The argument and reply layouts are documented at the top of decide.lua,
-// lease.lua, release.lua, reset.lua and heartbeat.lua.
+// lease.lua, release.lua, keep.lua, reset.lua and heartbeat.lua; held.lua
+// holds what the scripts that touch concurrency slots share.
 package lua
 
 import _ "embed"
@@ -49,11 +50,16 @@ var (
 	heartbeat string
 	//go:embed reset.lua
 	reset string
+	//go:embed held.lua
+	held string
+	//go:embed keep.lua
+	keep string
 )
 
-// algorithms is common.lua followed by every algorithm file (delay.lua:
-// token_bucket and gcra requests that may wait for their turn).
-var algorithms = common + tokenBucket + gcra + slidingWindow + fixedWindow + slidingLog + concurrency + calendar + delay
+// algorithms is common.lua and held.lua followed by every algorithm file
+// (delay.lua: token_bucket and gcra requests that may wait for their
+// turn).
+var algorithms = common + held + tokenBucket + gcra + slidingWindow + fixedWindow + slidingLog + concurrency + calendar + delay
 
 // The assembled scripts.
 var (
@@ -63,11 +69,14 @@ var (
 	// Lease gives back what is left of a lease and takes a new one:
 	// common.lua, the algorithms and lease.lua.
 	Lease = algorithms + lease
-	// Release gives back concurrency slots: release.lua.
-	Release = release
+	// Release gives back concurrency slots: held.lua and release.lua.
+	Release = held + release
+	// Keep renews the leases of a running request's concurrency slots:
+	// held.lua and keep.lua.
+	Keep = held + keep
 	// Reset deletes a tenant's buckets, those listed in its partition
-	// indexes too: reset.lua.
-	Reset = reset
+	// indexes too: held.lua and reset.lua.
+	Reset = held + reset
 	// Heartbeat registers a live instance in the <prefix>:instances sorted
 	// set and counts the live ones: heartbeat.lua.
 	Heartbeat = heartbeat

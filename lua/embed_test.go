@@ -32,8 +32,11 @@ func TestAssembly(t *testing.T) {
 	if !strings.Contains(Decide, "-- decide.lua") || strings.Contains(Decide, "-- lease.lua") {
 		t.Error("Decide does not end with decide.lua alone")
 	}
-	if !strings.HasPrefix(Release, "-- release.lua") || strings.Contains(Release, "ALGORITHMS") {
-		t.Error("Release is not release.lua alone")
+	for name, src := range map[string]string{"Release": Release, "Keep": Keep, "Reset": Reset} {
+		entry := "-- " + strings.ToLower(name) + ".lua"
+		if !strings.HasPrefix(src, "-- held.lua") || !strings.Contains(src, entry) || strings.Contains(src, "ALGORITHMS") {
+			t.Errorf("%s is not held.lua and %s alone", name, entry[3:])
+		}
 	}
 }
 
@@ -46,7 +49,10 @@ func TestLibrary(t *testing.T) {
 	if n := strings.Count(Library, "local ALGORITHMS = {}"); n != 1 {
 		t.Errorf("%d copies of common.lua, want 1", n)
 	}
-	for _, e := range []struct{ name, body string }{{"decide", decide}, {"lease", lease}, {"release", release}, {"reset", reset}, {"heartbeat", heartbeat}} {
+	if n := strings.Count(Library, "local function held_index("); n != 1 {
+		t.Errorf("%d copies of held.lua, want 1", n)
+	}
+	for _, e := range []struct{ name, body string }{{"decide", decide}, {"lease", lease}, {"release", release}, {"keep", keep}, {"reset", reset}, {"heartbeat", heartbeat}} {
 		reg := "redis.register_function('" + Function(e.name) + "', function(keys, args)\nKEYS, ARGV = keys, args\n" + e.body + "\nend)"
 		if !strings.Contains(Library, reg) {
 			t.Errorf("no function %s running %s.lua", Function(e.name), e.name)

@@ -28,6 +28,7 @@ var libraryEntries = []struct{ name, body string }{
 	{"decide", decide},
 	{"lease", lease},
 	{"release", release},
+	{"keep", keep},
 	{"reset", reset},
 	{"heartbeat", heartbeat},
 }
@@ -58,7 +59,7 @@ func init() {
 }
 
 // Function returns the name of the library function of an entry point:
-// "decide", "lease", "release", "reset" or "heartbeat".
+// "decide", "lease", "release", "keep", "reset" or "heartbeat".
 func Function(entry string) string {
 	return LibraryName + "_" + entry
 }

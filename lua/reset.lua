@@ -9,6 +9,10 @@
 --          (bucket keys) are taken from it and deleted; "0" for a bucket
 --          key, deleted
 --
+-- A concurrency bucket's held index (held.lua) goes with it: a lease
+-- left behind would give back, when it ended, slots of a counter made
+-- since.
+--
 -- Deleting a key that does not exist is a no-op, so the caller names every
 -- key a policy's buckets may have (one per algorithm) without knowing
 -- which exist, and may send the same call again. Returns {the number of
@@ -24,10 +28,14 @@ for i, key in ipairs(KEYS) do
       for j = 1, #members, 1000 do
         deleted = deleted + redis.call('UNLINK', unpack(members, j, math.min(j + 999, #members)))
       end
+      for _, member in ipairs(members) do
+        if is_concurrency(member) then redis.call('UNLINK', held_index(member)) end
+      end
     end
     left = left + redis.call('SCARD', key)
   else
     deleted = deleted + redis.call('UNLINK', key)
+    if is_concurrency(key) then redis.call('UNLINK', held_index(key)) end
   end
 end
 return {deleted, left}

@@ -1,0 +1,44 @@
+-- held.lua: the leases of concurrency slots held under an id (limiter
+-- hold.go), shared by decide.lua (mode "acquire", through concurrency.lua),
+-- keep.lua, release.lua and reset.lua.
+--
+-- A slot taken under a hold is leased for SLOT_LEASE_MS
+-- (limiter.RedisSlotLease): the acquire lists it in its bucket's held
+-- index, a sorted set whose members are "<units>|<hold key>" and whose
+-- scores are the instants (ms, Redis TIME) their leases end; a request
+-- still running renews its lease (keep.lua) and its release takes it out
+-- (release.lua). An acquire first gives back the slots of its bucket whose
+-- lease ended (concurrency.lua, reclaim): their instance died, or has not
+-- been heard from for a whole lease. Without the leases, the counter
+-- would keep a dead instance's slots for as long as other acquires kept
+-- setting its TTL again.
+local SLOT_LEASE_MS = 60000
+-- The held index lives as long as its counter (CONCURRENCY_TTL_MS,
+-- concurrency.lua), and is set again with it.
+local HELD_INDEX_TTL_MS = 600000
+
+-- held_index returns the held index of a concurrency bucket key,
+-- <prefix>:held:{<tenant>}:<policy>[:<key>]: the bucket key with its
+-- algorithm segment replaced (limiter's appendHeldKey). It is derived
+-- rather than passed, as index_part (common.lua) derives a partition
+-- index: the same {<tenant>} tag, so the same cluster slot.
+local function held_index(key)
+  local a = string.find(key, ':', 1, true)
+  local b = string.find(key, ':', a + 1, true)
+  return string.sub(key, 1, a) .. 'held' .. string.sub(key, b)
+end
+
+-- keep_index sets the TTL of held index idx again when less than half of
+-- it is left: a PTTL costs Redis less than a PEXPIRE, which an acquire
+-- would otherwise pay every time.
+local function keep_index(idx)
+  if redis.call('PTTL', idx) < HELD_INDEX_TTL_MS / 2 then
+    redis.call('PEXPIRE', idx, HELD_INDEX_TTL_MS)
+  end
+end
+
+-- is_concurrency reports whether key is a concurrency bucket key.
+local function is_concurrency(key)
+  local a = string.find(key, ':', 1, true)
+  return a ~= nil and string.sub(key, a + 1, a + 13) == 'concurrency:{'
+end
