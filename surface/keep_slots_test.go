@@ -21,7 +21,7 @@ import (
 // Redis longer than its counter's idle TTL keeps the counter alive for as
 // long as the rest of the chain runs, and gives the slot back when it
 // returns. The counter's TTL is cut to 300 ms to stand for its 10 minutes,
-// and the keeping runs every 100 ms instead of every 5 minutes.
+// and the keeping runs every 100 ms instead of every 20 seconds.
 func TestServeKeepsSlotsAlive(t *testing.T) {
 	defer func(every time.Duration) { keepSlotsEvery = every }(keepSlotsEvery)
 	keepSlotsEvery = 100 * time.Millisecond

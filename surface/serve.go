@@ -73,7 +73,7 @@ func (h *Server) provisionPolicies(ctx caddy.Context) error {
 
 // keepSlotsEvery is how often a request holding concurrency slots on
 // Redis keeps them alive (limiter.KeepSlotsEvery); a variable so that a
-// test can watch it happen in less than 5 minutes.
+// test can watch it happen in less than 20 seconds.
 var keepSlotsEvery = limiter.KeepSlotsEvery
 
 // ServeHTTP decides r against every policy that matches it, all or
