@@ -18,13 +18,13 @@ import (
 const (
 	// DefaultRedisTimeout is the deadline of every Redis call.
 	DefaultRedisTimeout = 100 * time.Millisecond
-	// RedisConcurrencyTTL is the TTL of a concurrency bucket, set again on
-	// every acquire. A concurrency bucket has no window; the TTL only makes
-	// sure that slots taken by an instance that died before releasing them
-	// are forgotten at the latest RedisConcurrencyTTL after the bucket's
-	// last acquire. A request still in flight that long keeps its counter
-	// alive itself (Decision.KeepSlotsAlive). It is the value of
-	// CONCURRENCY_TTL_MS in lua/concurrency.lua.
+	// RedisConcurrencyTTL is the TTL of a concurrency bucket (and of its
+	// held index), set again on every acquire. A concurrency bucket has no
+	// window; the TTL makes an idle bucket go. A request still in flight
+	// that long keeps its counter alive itself (Decision.KeepSlotsAlive).
+	// The slots of an instance that died are given back sooner, by their
+	// leases (RedisSlotLease). It is the value of CONCURRENCY_TTL_MS in
+	// lua/concurrency.lua.
 	RedisConcurrencyTTL = 10 * time.Minute
 	// RedisSlotLease is how long a concurrency slot held on Redis stays
 	// taken without word from its request: the acquire leases it for that

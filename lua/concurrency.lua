@@ -8,11 +8,12 @@
 -- State {n}: stored as a decimal integer string (Redis keeps it as an int).
 --
 -- TTL: a counter has no window, so it gets a safety TTL of CONCURRENCY_TTL_MS
--- (10 minutes, limiter.RedisConcurrencyTTL), set again on every acquire.
--- If an instance dies without releasing, its slots are forgotten at the
--- latest 10 minutes after the bucket's last acquire. A request still in
--- flight that long sets the TTL again itself, every 5 minutes
--- (limiter.Decision.KeepSlotsAlive), so a live request is not forgotten.
+-- (10 minutes, limiter.RedisConcurrencyTTL), set again on every acquire
+-- and by each renewal of a running request's lease (keep.lua, every 20 s),
+-- so an idle bucket goes. The slots of an instance that died without
+-- releasing them are given back by their leases (held.lua, reclaim below),
+-- a minute after their last renewal, even while other acquires keep the
+-- counter alive.
 ALGORITHMS.concurrency = function()
   local CONCURRENCY_TTL_MS = 600000
   local RETRY_US = 1000000
