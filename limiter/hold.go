@@ -44,9 +44,9 @@ import (
 // request than its limit for the rest of that request.
 //
 // The cost: an acquire reads and writes one more key, a release reads and
-// deletes it; the lease adds a ZADD to an acquire, a ZRANGEBYSCORE of the
-// index to each acquire (nothing more while no lease ended) and a ZREM to
-// a release. A record lives until its release, at most 24 hours (the
+// deletes it; the lease adds to an acquire a ZRANGEBYSCORE of the index
+// (nothing more while no lease ended), a ZADD and a PTTL, and to a
+// release a ZREM. A record lives until its release, at most 24 hours (the
 // records of an instance that died with requests in flight); a "gone" one
 // IdempotencyTTL. Releases the Recorder still holds when the instance
 // stops are lost with it, as every call it keeps.

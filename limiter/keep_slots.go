@@ -17,8 +17,8 @@ import (
 // limit. And its counter expires RedisConcurrencyTTL after the bucket's
 // last acquire. So a request holding slots on Redis renews its leases and
 // sets its counters' TTL again every KeepSlotsEvery while it runs: one
-// script call (lua/keep.lua) per slot, per request still running, every
-// 20 seconds; nothing for shorter requests, nothing for the embedded
+// script call (lua/keep.lua) per request still running (per Cluster slot
+// its tenants hash to), every 20 seconds; nothing for shorter requests, nothing for the embedded
 // store, and no work over the keyspace.
 
 // KeepSlotsEvery is how often a request holding concurrency slots on
@@ -94,9 +94,10 @@ func redisUnder(s Store) *RedisStore {
 }
 
 // keepSlots renews the leases of the concurrency slots of checks and sets
-// their counters' TTL again (lua/keep.lua), one call per check, within the
-// store's timeout. A lease that ended and was given back stays given
-// back; a counter that is gone stays gone.
+// their counters' TTL again (lua/keep.lua), within the store's timeout:
+// one call for all of them when they share a Cluster slot (one tenant's,
+// the usual request), else one per check. A lease that ended and was
+// given back stays given back; a counter that is gone stays gone.
 func (s *RedisStore) keepSlots(ctx context.Context, checks []Check) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -104,17 +105,30 @@ func (s *RedisStore) keepSlots(ctx context.Context, checks []Check) error {
 	if s.now != nil {
 		nowArg = strconv.FormatInt(s.now(), 10)
 	}
-	sc := s.getScratch()
-	defer s.putScratch(sc)
-	var errs []error
+	keys := make([]string, len(checks))
+	args := make([]any, 1, 1+len(checks))
+	args[0] = nowArg
+	oneSlot := true
 	for i := range checks {
 		c := &checks[i]
-		key := string(AppendKey(nil, s.prefix, Concurrency, c.Tenant, c.Policy, c.Part))
+		b := AppendKey(nil, s.prefix, Concurrency, c.Tenant, c.Policy, c.Part)
+		keys[i] = string(b)
+		oneSlot = oneSlot && (s.cluster == nil || keySlot(b) == keySlot([]byte(keys[0])))
 		member := ""
 		if held(c) {
 			member = string(appendHeldMember(nil, s.prefix, c))
 		}
-		if _, err := s.eval(ctx, sc, scriptKeep, []string{key}, []any{nowArg, member}); err != nil {
+		args = append(args, member)
+	}
+	sc := s.getScratch()
+	defer s.putScratch(sc)
+	if oneSlot {
+		_, err := s.eval(ctx, sc, scriptKeep, keys, args)
+		return err
+	}
+	var errs []error
+	for i := range keys {
+		if _, err := s.eval(ctx, sc, scriptKeep, keys[i:i+1], []any{nowArg, args[1+i]}); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 	"github.com/tollgate/caddy-tollgate/lua"
 )
@@ -179,14 +181,21 @@ func TestSlotLeaseKeys(t *testing.T) {
 	}
 }
 
-// TestSlotLeaseCluster: the dead instance's slots are reclaimed on a
-// Redis Cluster too, where the index must share the bucket's node.
-func TestSlotLeaseCluster(t *testing.T) {
+// clusterStoreAt returns a store on a new 3-master Cluster whose Redis
+// TIME is replaced by the clock it returns.
+func clusterStoreAt(t *testing.T) (*RedisStore, *redis.ClusterClient, *slotClock) {
 	cl := redistest.StartCluster(t, 3, 0)
 	client := cl.Client(t)
 	clk := &slotClock{at: time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)}
 	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
 	s.now = clk.now
+	return s, client, clk
+}
+
+// TestSlotLeaseCluster: the dead instance's slots are reclaimed on a
+// Redis Cluster too, where the index must share the bucket's node.
+func TestSlotLeaseCluster(t *testing.T) {
+	s, client, clk := clusterStoreAt(t)
 	for i := range 6 {
 		tenant := fmt.Sprintf("tenant-%d", i)
 		items := []Item{{Policy: slotsPolicy("c", 1), Tenant: tenant, Cost: 1}}
@@ -203,6 +212,39 @@ func TestSlotLeaseCluster(t *testing.T) {
 		}
 		if got := inFlight(t, client, tenant, "c"); got != 0 {
 			t.Fatalf("%s: in flight %d, want 0", tenant, got)
+		}
+	}
+}
+
+// TestKeepSlotsTogether: one renewal renews every slot a request holds,
+// in one call when they share a Cluster slot and one call each when they
+// do not (two tenants on a Cluster).
+func TestKeepSlotsTogether(t *testing.T) {
+	s, client, clk := clusterStoreAt(t)
+	for _, tenants := range [][2]string{{"acme", "acme"}, {"acme", "globex"}} {
+		items := []Item{
+			{Policy: slotsPolicy("a", 1), Tenant: tenants[0], Cost: 1},
+			{Policy: slotsPolicy("b", 1), Tenant: tenants[1], Cost: 1},
+		}
+		d := decideAt(t, s, items)
+		if !d.Admitted {
+			t.Fatalf("%v: denied", tenants)
+		}
+		clk.advance(RedisSlotLease / 2)
+		if err := s.keepSlots(bgCtx, d.checks); err != nil {
+			t.Fatal(err)
+		}
+		want := float64(clk.at.Add(RedisSlotLease).UnixMilli())
+		for i := range d.checks {
+			c := &d.checks[i]
+			index := string(appendHeldKey(nil, DefaultPrefix, c.Tenant, c.Policy, ""))
+			member := string(appendHeldMember(nil, DefaultPrefix, c))
+			if got := client.ZScore(bgCtx, index, member).Val(); got != want {
+				t.Fatalf("%v: lease of %s ends at %v after the renewal, want %v", tenants, c.Policy, got, want)
+			}
+		}
+		if err := d.Release(bgCtx, Fallback{}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

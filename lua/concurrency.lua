@@ -72,7 +72,7 @@ local HOLD_TTL_MS = 86400000
 -- connection broke), and the number of checks.
 local function acquire_holds(n)
   local m, h = 0, 0
-  local of, units = {}, {}
+  local of, units, index = {}, {}, {}
   while m + h < n do
     m = m + 1
     local b = 2 + CHECK_ARGS * (m - 1)
@@ -80,9 +80,10 @@ local function acquire_holds(n)
       h = h + 1
       of[m] = h
       units[m] = ARGV[b + 6]
+      index[m] = held_index(KEYS[m])
     end
   end
-  local holds = {state = {}, units = units}
+  local holds = {state = {}, units = units, index = index}
   for i, j in pairs(of) do
     holds[i] = KEYS[m + j]
     local v = redis.call('GET', holds[i])
@@ -103,7 +104,7 @@ local function hold_slots(holds, n, charged, now)
     if charged[i] and holds[i] then
       redis.call('SET', holds[i], 'held', 'PX', HOLD_TTL_MS)
       local idx = holds.index[i]
-      redis.call('ZADD', idx, math.floor(now / 1000) + SLOT_LEASE_MS, holds.units[i] .. '|' .. holds[i])
+      redis.call('ZADD', idx, math.floor(now / 1000) + SLOT_LEASE_MS, held_member(holds.units[i], holds[i]))
       keep_index(idx)
     end
   end
@@ -113,28 +114,21 @@ end
 -- wait for the next acquire), so a call stays short whatever died.
 local RECLAIM_MAX = 16
 
--- reclaim (which names each hold's index in holds.index for hold_slots)
--- gives back, before an acquire decides, the slots of the buckets
+-- reclaim gives back, before an acquire decides, the slots of the buckets
 -- of its holds whose lease ended at now (µs) or before (held.lua). Each
 -- one's hold is recorded "gone" for HOLD_TTL_MS, as long as a "held"
 -- record would have lived: a release that comes after all (the instance
 -- was only paused) then gives nothing back a second time.
 local function reclaim(holds, now)
   local now_ms = math.floor(now / 1000)
-  holds.index = {}
-  for i in pairs(holds.units) do
-    local bucket = KEYS[i]
-    local idx = held_index(bucket)
-    holds.index[i] = idx
+  for i, idx in pairs(holds.index) do
     local ended = redis.call('ZRANGEBYSCORE', idx, '-inf', now_ms, 'LIMIT', 0, RECLAIM_MAX)
     for _, member in ipairs(ended) do
       local bar = string.find(member, '|', 1, true)
       local hold = string.sub(member, bar + 1)
       if redis.call('GET', hold) ~= 'gone' then
         redis.call('SET', hold, 'gone', 'PX', HOLD_TTL_MS)
-        if redis.call('EXISTS', bucket) == 1 and redis.call('DECRBY', bucket, string.sub(member, 1, bar - 1)) <= 0 then
-          redis.call('DEL', bucket)
-        end
+        give_back(KEYS[i], string.sub(member, 1, bar - 1))
       end
       redis.call('ZREM', idx, member)
     end

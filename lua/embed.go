@@ -72,8 +72,8 @@ var (
 	// Release gives back concurrency slots: held.lua and release.lua.
 	Release = held + release
 	// Keep renews the leases of a running request's concurrency slots:
-	// held.lua and keep.lua.
-	Keep = held + keep
+	// common.lua (its clock), held.lua and keep.lua.
+	Keep = common + held + keep
 	// Reset deletes a tenant's buckets, those listed in its partition
 	// indexes too: held.lua and reset.lua.
 	Reset = held + reset

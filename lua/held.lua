@@ -28,6 +28,24 @@ local function held_index(key)
   return string.sub(key, 1, a) .. 'held' .. string.sub(key, b)
 end
 
+-- held_member is a slot's member in its bucket's held index: the units it
+-- holds and its hold key (limiter's appendHeldMember).
+local function held_member(units, hold)
+  return units .. '|' .. hold
+end
+
+-- give_back takes units off the concurrency counter bucket, when it
+-- exists (one expired or reset is left alone), and deletes it once
+-- nothing is left in flight, a fresh bucket. DECRBY keeps its TTL. It
+-- reports whether the bucket existed.
+local function give_back(bucket, units)
+  if redis.call('EXISTS', bucket) == 0 then return false end
+  if redis.call('DECRBY', bucket, units) <= 0 then
+    redis.call('DEL', bucket)
+  end
+  return true
+end
+
 -- keep_index sets the TTL of held index idx again when less than half of
 -- it is left: a PTTL costs Redis less than a PEXPIRE, which an acquire
 -- would otherwise pay every time.

@@ -1,5 +1,6 @@
 -- keep.lua: renews the leases of a running request's concurrency slots
--- (limiter.RedisStore keepSlots, every limiter.KeepSlotsEvery; held.lua).
+-- (limiter.RedisStore keepSlots, every limiter.KeepSlotsEvery; held.lua;
+-- the time from common.lua's now_us).
 --
 -- KEYS[i]  a concurrency bucket key (all in one cluster slot)
 -- ARGV[1]  "0", or an instant in µs that replaces Redis TIME (tests only)
@@ -13,13 +14,7 @@
 -- adds nothing. The bucket and its index get their TTL again.
 --
 -- Returns {the number of leases renewed}.
-local now_ms
-if ARGV[1] ~= '0' then
-  now_ms = math.floor(tonumber(ARGV[1]) / 1000)
-else
-  local t = redis.call('TIME')
-  now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local now_ms = math.floor(now_us(ARGV[1]) / 1000)
 local kept = 0
 for i, key in ipairs(KEYS) do
   local idx = held_index(key)

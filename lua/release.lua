@@ -53,17 +53,11 @@ for i = 1, n do
       give = false
       if not v then redis.call('SET', hold, 'gone', 'PX', GONE_TTL_MS) end
     end
-  end
-  if hold then
     -- Its lease ends with it (held.lua); a slot already given back by an
     -- acquire that found its lease ended is no longer listed.
-    redis.call('ZREM', held_index(key), ARGV[i] .. '|' .. hold)
+    redis.call('ZREM', held_index(key), held_member(ARGV[i], hold))
   end
-  if give and redis.call('EXISTS', key) == 1 then
-    -- DECRBY keeps the key's TTL.
-    if redis.call('DECRBY', key, ARGV[i]) <= 0 then
-      redis.call('DEL', key)
-    end
+  if give and give_back(key, ARGV[i]) then
     released = released + 1
   end
 end
