@@ -144,3 +144,44 @@ func ValidName(s string) bool {
 	}
 	return true
 }
+
+// keySlot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of the
+// hash tag (the bytes between the first '{' and the next '}', when not
+// empty) or of the whole key, modulo 16384.
+func keySlot(key []byte) uint16 {
+	for i, c := range key {
+		if c != '{' {
+			continue
+		}
+		for j := i + 1; j < len(key); j++ {
+			if key[j] == '}' {
+				if j > i+1 {
+					key = key[i+1 : j]
+				}
+				break
+			}
+		}
+		break
+	}
+	var crc uint16
+	for _, c := range key {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^c]
+	}
+	return crc & 16383
+}
+
+// crc16Table is the table of CRC-16/XMODEM (polynomial 0x1021).
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()
