@@ -17,35 +17,35 @@ import (
 // (Check.Hold, made by Decision.Decide): RedisStore's acquire records
 // <prefix>:once:{<tenant>}:<hold> as "held" with the slot (an acquire
 // that finds its own record ran already, sent again by the client
-// library: it answers admitted and charges nothing again), and a release
-// gives the slot back against that record, deleting it.
+// library: it answers admitted and charges nothing again) and leases the
+// slot (lua/held.lua): it lists it, with the instant its lease ends, in
+// the bucket's held index (appendHeldKey). A release gives the slot back
+// by taking it out of that index, and only then: so only the first
+// release of a slot gives anything back, a release after a reset (which
+// deletes the index with its counter) takes nothing off the counter made
+// since, and a release sent again, or for an acquire whose reply was
+// lost (releaseLost), is always safe to send. The request's own release
+// (Release) deletes the record; the others record "gone" instead, so
+// that an acquire still on its way charges nothing when it runs
+// (lua/decide.lua, lua/release.lua). DecideOrFallback and
+// Decision.Release keep such releases in the fallback's Recorder
+// (RetryRelease), which sends them until the store answers.
 //
-// A release that finds no record depends on what its caller knows. The
-// request's own release (Release) saw its acquire admitted: the record
-// expired or was evicted while the request held its slot, and the slot is
-// given back. A release sent again, or for an acquire whose reply was
-// lost (releaseLost), cannot tell an acquire that has not run from a
-// release that ran: it gives nothing back and records "gone", so that an
-// acquire still on its way charges nothing when it runs (lua/decide.lua,
-// lua/release.lua). DecideOrFallback and Decision.Release keep such
-// releases in the fallback's Recorder (RetryRelease), which sends them
-// until the store answers.
-//
-// A held slot is also leased (lua/held.lua): the acquire lists it, with
-// the instant its lease ends, in the bucket's held index (appendHeldKey),
-// a request still running renews the lease every KeepSlotsEvery
+// A request still running renews its leases every KeepSlotsEvery
 // (KeepSlotsAlive), and the next acquire in the bucket after a lease
-// ended gives the slot back and records its hold "gone". So the slots of
-// an instance that died with requests in flight come back within
+// ended gives the slot back and takes it out of the index. So the slots
+// of an instance that died with requests in flight come back within
 // RedisSlotLease, even while other instances keep acquiring, and a late
 // release of such a slot (an instance that was only paused) gives nothing
 // back twice. The price: a request cut off from Redis for a whole lease
 // loses its slot while it still runs, so the bucket may admit one more
-// request than its limit for the rest of that request.
+// request than its limit for the rest of that request. The index gets
+// its counter's TTL whenever the counter does, so it never expires first
+// (taking the leases of a dead instance's slots with it).
 //
-// The cost: an acquire reads and writes one more key, a release reads and
-// deletes it; the lease adds to an acquire a ZRANGEBYSCORE of the index
-// (nothing more while no lease ended), a ZADD and a PTTL, and to a
+// The cost: an acquire reads and writes one more key, a release deletes
+// or writes it; the lease adds to an acquire a ZRANGEBYSCORE of the index
+// (nothing more while no lease ended), a ZADD and a PEXPIRE, and to a
 // release a ZREM. A record lives until its release, at most 24 hours (the
 // records of an instance that died with requests in flight); a "gone" one
 // IdempotencyTTL. Releases the Recorder still holds when the instance

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -16,9 +17,10 @@ import (
 // a long stream) would lose it too: the bucket would admit more than its
 // limit. And its counter expires RedisConcurrencyTTL after the bucket's
 // last acquire. So a request holding slots on Redis renews its leases and
-// sets its counters' TTL again every KeepSlotsEvery while it runs: one
-// script call (lua/keep.lua) per request still running (per Cluster slot
-// its tenants hash to), every 20 seconds; nothing for shorter requests, nothing for the embedded
+// sets its counters' TTL again every KeepSlotsEvery from its decision on
+// (a wait for its turn included) until it ends: one script call
+// (lua/keep.lua) per request still running (per Cluster slot its tenants
+// hash to), every 20 seconds; nothing for shorter requests, nothing for the embedded
 // store, and no work over the keyspace.
 
 // KeepSlotsEvery is how often a request holding concurrency slots on
@@ -27,14 +29,16 @@ import (
 const KeepSlotsEvery = RedisSlotLease / 3
 
 // KeepSlotsAlive starts keeping the concurrency slots d holds on Redis,
-// every `every` (KeepSlotsEvery), and returns the function that stops it:
-// call it when the request is done, before Release. With no slot held in
-// Redis (not admitted, no concurrency check, the embedded store or a
-// fallback's decision) it starts nothing. A failed refresh is not
-// retried before the next one: the counter's TTL still has half its
-// length to run.
+// every `every` (KeepSlotsEvery; a duration of 0 or less means that), and
+// returns the function that stops it: call it when the request is done,
+// before Release. With no slot held in Redis (not admitted, no
+// concurrency check, the embedded store or a fallback's decision) it
+// starts nothing. A failed renewal is not retried before the next one: a
+// lease lasts three renewal periods, so two in a row may fail. While the
+// store's breaker is open (Redis is not answering) no renewal is sent:
+// each would only wait out its timeout.
 func (d *Decision) KeepSlotsAlive(every time.Duration) (stop func()) {
-	rs := redisUnder(d.decidedBy)
+	rs := storeUnder[*RedisStore](d.decidedBy)
 	if rs == nil || !d.Admitted {
 		return keepNothing
 	}
@@ -47,11 +51,17 @@ func (d *Decision) KeepSlotsAlive(every time.Duration) (stop func()) {
 	if len(held) == 0 {
 		return keepNothing
 	}
+	if every <= 0 {
+		every = KeepSlotsEvery
+	}
+	breaker := storeUnder[*BreakerStore](d.decidedBy)
 	k := &slotKeeping{}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.t = time.AfterFunc(every, func() {
-		_ = rs.keepSlots(context.Background(), held)
+		if breaker == nil || !breaker.Open() {
+			_ = rs.keepSlots(context.Background(), held)
+		}
 		k.mu.Lock()
 		defer k.mu.Unlock()
 		if !k.stopped {
@@ -77,27 +87,28 @@ func (k *slotKeeping) stop() {
 	k.t.Stop()
 }
 
-// redisUnder returns the Redis store s decides with, under the stores
-// that wrap it (each says what it wraps: Inner), or nil when s is not
-// backed by Redis.
-func redisUnder(s Store) *RedisStore {
+// storeUnder returns the store of type T that s is or wraps (each
+// wrapper says what it wraps: Inner), or the zero T when there is none:
+// the Redis store a stack decides with, or its breaker.
+func storeUnder[T Store](s Store) T {
 	for {
 		switch v := s.(type) {
-		case *RedisStore:
+		case T:
 			return v
 		case interface{ Inner() Store }:
 			s = v.Inner()
 		default:
-			return nil
+			var zero T
+			return zero
 		}
 	}
 }
 
 // keepSlots renews the leases of the concurrency slots of checks and sets
 // their counters' TTL again (lua/keep.lua), within the store's timeout:
-// one call for all of them when they share a Cluster slot (one tenant's,
-// the usual request), else one per check. A lease that ended and was
-// given back stays given back; a counter that is gone stays gone.
+// one call per Cluster slot the checks' keys hash to (one call for one
+// tenant's checks, the usual request). A lease that ended and was given
+// back stays given back; a counter that is gone stays gone.
 func (s *RedisStore) keepSlots(ctx context.Context, checks []Check) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -105,30 +116,37 @@ func (s *RedisStore) keepSlots(ctx context.Context, checks []Check) error {
 	if s.now != nil {
 		nowArg = strconv.FormatInt(s.now(), 10)
 	}
-	keys := make([]string, len(checks))
-	args := make([]any, 1, 1+len(checks))
-	args[0] = nowArg
-	oneSlot := true
+	// The calls, in the order of their slots' first check.
+	type call struct {
+		slot uint16
+		keys []string
+		args []any
+	}
+	var calls []call
 	for i := range checks {
 		c := &checks[i]
 		b := AppendKey(nil, s.prefix, Concurrency, c.Tenant, c.Policy, c.Part)
-		keys[i] = string(b)
-		oneSlot = oneSlot && (s.cluster == nil || keySlot(b) == keySlot([]byte(keys[0])))
+		slot := uint16(0)
+		if s.cluster != nil {
+			slot = keySlot(b)
+		}
 		member := ""
 		if held(c) {
 			member = string(appendHeldMember(nil, s.prefix, c))
 		}
-		args = append(args, member)
+		j := slices.IndexFunc(calls, func(c call) bool { return c.slot == slot })
+		if j < 0 {
+			calls = append(calls, call{slot: slot, args: []any{nowArg}})
+			j = len(calls) - 1
+		}
+		calls[j].keys = append(calls[j].keys, string(b))
+		calls[j].args = append(calls[j].args, member)
 	}
 	sc := s.getScratch()
 	defer s.putScratch(sc)
-	if oneSlot {
-		_, err := s.eval(ctx, sc, scriptKeep, keys, args)
-		return err
-	}
 	var errs []error
-	for i := range keys {
-		if _, err := s.eval(ctx, sc, scriptKeep, keys[i:i+1], []any{nowArg, args[1+i]}); err != nil {
+	for _, c := range calls {
+		if _, err := s.eval(ctx, sc, scriptKeep, c.keys, c.args); err != nil {
 			errs = append(errs, err)
 		}
 	}

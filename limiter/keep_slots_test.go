@@ -1,6 +1,8 @@
 package limiter
 
 import (
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,8 +68,8 @@ func TestKeepSlotsAlive(t *testing.T) {
 	if err := local.Decide(bgCtx, m, items); err != nil || !local.Admitted {
 		t.Fatalf("embedded: admitted %v, %v", local.Admitted, err)
 	}
-	if redisUnder(local.decidedBy) != nil || redisUnder(d.decidedBy) != rs {
-		t.Fatal("redisUnder does not tell the Redis store under the breaker from the embedded store")
+	if storeUnder[*RedisStore](local.decidedBy) != nil || storeUnder[*RedisStore](d.decidedBy) != rs {
+		t.Fatal("storeUnder does not tell the Redis store under the breaker from the embedded store")
 	}
 	local.KeepSlotsAlive(time.Millisecond)()
 }
@@ -116,4 +118,38 @@ func BenchmarkKeepSlotsAlive(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestKeepSlotsAliveBreakerOpen: while the store's breaker is open, a
+// running request sends no renewal (each would only wait out its
+// timeout on a Redis that does not answer); before and after, it does.
+func TestKeepSlotsAliveBreakerOpen(t *testing.T) {
+	checkLeaks(t)
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	var renewals atomic.Int64
+	rs := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout, Observe: func(script, _ string, _ time.Duration) {
+		if script == "keep" {
+			renewals.Add(1)
+		}
+	}})
+	br := NewBreakerStore(rs, BreakerOptions{Cooldown: time.Hour})
+	defer br.Close()
+	var d Decision
+	if err := d.Decide(bgCtx, br, []Item{{Policy: slotsPolicy("c", 1), Tenant: "acme", Cost: 1}}); err != nil || !d.Admitted {
+		t.Fatalf("decide: admitted %v, %v", d.Admitted, err)
+	}
+	stop := d.KeepSlotsAlive(20 * time.Millisecond)
+	defer stop()
+	time.Sleep(200 * time.Millisecond)
+	if renewals.Load() == 0 {
+		t.Fatal("no renewal in 200 ms at one every 20 ms with the breaker closed")
+	}
+	br.trip(br.epoch.Load(), errors.New("test: Redis away"))
+	time.Sleep(40 * time.Millisecond) // a renewal already under way ends
+	before := renewals.Load()
+	time.Sleep(200 * time.Millisecond)
+	if n := renewals.Load() - before; n != 0 {
+		t.Errorf("%d renewals sent in 200 ms with the breaker open, want 0", n)
+	}
 }

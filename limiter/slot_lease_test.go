@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -182,12 +183,13 @@ func TestSlotLeaseKeys(t *testing.T) {
 }
 
 // clusterStoreAt returns a store on a new 3-master Cluster whose Redis
-// TIME is replaced by the clock it returns.
-func clusterStoreAt(t *testing.T) (*RedisStore, *redis.ClusterClient, *slotClock) {
+// TIME is replaced by the clock it returns; observe, when not nil, is its
+// RedisOptions.Observe.
+func clusterStoreAt(t *testing.T, observe func(script, result string, d time.Duration)) (*RedisStore, *redis.ClusterClient, *slotClock) {
 	cl := redistest.StartCluster(t, 3, 0)
 	client := cl.Client(t)
 	clk := &slotClock{at: time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)}
-	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout, Observe: observe})
 	s.now = clk.now
 	return s, client, clk
 }
@@ -195,7 +197,7 @@ func clusterStoreAt(t *testing.T) (*RedisStore, *redis.ClusterClient, *slotClock
 // TestSlotLeaseCluster: the dead instance's slots are reclaimed on a
 // Redis Cluster too, where the index must share the bucket's node.
 func TestSlotLeaseCluster(t *testing.T) {
-	s, client, clk := clusterStoreAt(t)
+	s, client, clk := clusterStoreAt(t, nil)
 	for i := range 6 {
 		tenant := fmt.Sprintf("tenant-%d", i)
 		items := []Item{{Policy: slotsPolicy("c", 1), Tenant: tenant, Cost: 1}}
@@ -217,22 +219,42 @@ func TestSlotLeaseCluster(t *testing.T) {
 }
 
 // TestKeepSlotsTogether: one renewal renews every slot a request holds,
-// in one call when they share a Cluster slot and one call each when they
-// do not (two tenants on a Cluster).
+// in one call per Cluster slot their keys hash to: one for one tenant's
+// slots, one per tenant for two tenants' (on a Cluster, acme and globex
+// hash to different slots).
 func TestKeepSlotsTogether(t *testing.T) {
-	s, client, clk := clusterStoreAt(t)
-	for _, tenants := range [][2]string{{"acme", "acme"}, {"acme", "globex"}} {
-		items := []Item{
-			{Policy: slotsPolicy("a", 1), Tenant: tenants[0], Cost: 1},
-			{Policy: slotsPolicy("b", 1), Tenant: tenants[1], Cost: 1},
+	var calls atomic.Int64
+	s, client, clk := clusterStoreAt(t, func(script, result string, _ time.Duration) {
+		if script == "keep" && result != "noscript" { // then sent again as EVAL
+			calls.Add(1)
+		}
+	})
+	if keySlot([]byte("{acme}")) == keySlot([]byte("{globex}")) {
+		t.Fatal("acme and globex share a Cluster slot: pick other tenants")
+	}
+	for _, shape := range []struct {
+		tenants []string
+		calls   int64
+	}{
+		{[]string{"acme", "acme"}, 1},
+		{[]string{"acme", "globex"}, 2},
+		{[]string{"acme", "globex", "acme"}, 2},
+	} {
+		var items []Item
+		for i, tenant := range shape.tenants {
+			items = append(items, Item{Policy: slotsPolicy(fmt.Sprintf("p%d", i), 1), Tenant: tenant, Cost: 1})
 		}
 		d := decideAt(t, s, items)
 		if !d.Admitted {
-			t.Fatalf("%v: denied", tenants)
+			t.Fatalf("%v: denied", shape.tenants)
 		}
 		clk.advance(RedisSlotLease / 2)
+		calls.Store(0)
 		if err := s.keepSlots(bgCtx, d.checks); err != nil {
 			t.Fatal(err)
+		}
+		if got := calls.Load(); got != shape.calls {
+			t.Errorf("%v: %d renewal calls, want %d (one per Cluster slot)", shape.tenants, got, shape.calls)
 		}
 		want := float64(clk.at.Add(RedisSlotLease).UnixMilli())
 		for i := range d.checks {
@@ -240,11 +262,145 @@ func TestKeepSlotsTogether(t *testing.T) {
 			index := string(appendHeldKey(nil, DefaultPrefix, c.Tenant, c.Policy, ""))
 			member := string(appendHeldMember(nil, DefaultPrefix, c))
 			if got := client.ZScore(bgCtx, index, member).Val(); got != want {
-				t.Fatalf("%v: lease of %s ends at %v after the renewal, want %v", tenants, c.Policy, got, want)
+				t.Fatalf("%v: lease of %s ends at %v after the renewal, want %v", shape.tenants, c.Policy, got, want)
 			}
 		}
 		if err := d.Release(bgCtx, Fallback{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestHeldIndexLivesWithItsCounter: the held index gets its counter's TTL
+// on every acquire, so it cannot expire first and take a dead instance's
+// lease with it. (It used to be set again only when less than half of it
+// was left: an acquire 30 s after a dead instance's left the index 9m30s
+// against the counter's 10 minutes, and once the index expired, later
+// acquires kept the counter alive with the dead slot in it for good.)
+// Redis's TTLs are aged by hand, as the stores' clock is simulated.
+func TestHeldIndexLivesWithItsCounter(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	clk := &slotClock{at: time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)}
+	dead := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	live := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	dead.now, live.now = clk.now, clk.now
+	items := []Item{{Policy: slotsPolicy("c", 3), Tenant: "acme", Cost: 1}}
+	counter := string(AppendKey(nil, DefaultPrefix, Concurrency, "acme", "c", ""))
+	index := string(appendHeldKey(nil, DefaultPrefix, "acme", "c", ""))
+	age := func(d time.Duration) {
+		t.Helper()
+		clk.advance(d)
+		for _, k := range []string{counter, index} {
+			p := client.PTTL(bgCtx, k).Val()
+			switch {
+			case p < 0:
+			case p <= d:
+				client.Del(bgCtx, k)
+			default:
+				client.PExpire(bgCtx, k, p-d)
+			}
+		}
+	}
+	short := func() {
+		t.Helper()
+		d := decideAt(t, live, items)
+		if !d.Admitted {
+			t.Fatal("a short request was denied")
+		}
+		if err := d.Release(bgCtx, Fallback{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if d := decideAt(t, dead, items); !d.Admitted { // and never renewed
+		t.Fatal("denied")
+	}
+	age(30 * time.Second)
+	short()
+	if c, i := client.PTTL(bgCtx, counter).Val(), client.PTTL(bgCtx, index).Val(); c-i > 50*time.Millisecond || i-c > 50*time.Millisecond {
+		t.Errorf("after an acquire: counter PTTL %v, held index PTTL %v, want the same", c, i)
+	}
+	// Quiet until after the first TTL would have ended, then busy again.
+	age(9*time.Minute + 40*time.Second)
+	for range 20 {
+		short()
+		age(5 * time.Minute)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 0 {
+		t.Fatalf("nothing in flight 100 minutes on: the counter says %d, want 0 (the dead instance's slot was never given back)", got)
+	}
+}
+
+// TestUnsureReleaseOfLongRequest: a request held longer than its hold
+// record lives (24 hours, renewed all along) whose own release fails and
+// is sent again unsure still gives its slot back: its lease is listed,
+// so its acquire ran and the slot is counted. (It gave nothing back and
+// took the lease out of the index, so no acquire could reclaim it.)
+func TestUnsureReleaseOfLongRequest(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	clk := &slotClock{at: time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)}
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	s.now = clk.now
+	items := []Item{{Policy: slotsPolicy("c", 2), Tenant: "acme", Cost: 1}}
+	d := decideAt(t, s, items)
+	clk.advance(24*time.Hour + time.Minute)
+	if err := s.keepSlots(bgCtx, d.checks); err != nil {
+		t.Fatal(err)
+	}
+	client.Del(bgCtx, string(appendOnceKey(nil, DefaultPrefix, "acme", d.checks[0].Hold))) // expired
+	if err := s.releaseLost(bgCtx, d.checks); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 0 {
+		t.Errorf("after the unsure release of the only slot: the counter says %d, want 0", got)
+	}
+	if got := holdState(t, client, &d.checks[0]); got != "gone" {
+		t.Errorf("hold %q after an unsure release, want gone", got)
+	}
+	// Its own release, late, after all: nothing more.
+	other := decideAt(t, s, items)
+	if err := d.Release(bgCtx, Fallback{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 1 {
+		t.Errorf("a late sure release after the unsure one: the counter says %d, want 1 (the other request's)", got)
+	}
+	if err := other.Release(bgCtx, Fallback{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReleaseAfterReset: a slot taken before a reset is not in the
+// counter made since, so its release gives nothing back there. (It took
+// a unit off the new counter: a bucket of limit 1 ran two requests.)
+func TestReleaseAfterReset(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	client := srv.Client(t)
+	s := NewRedisStore(RedisOptions{Client: client, Timeout: testTimeout})
+	items := []Item{{Policy: slotsPolicy("c", 1), Tenant: "acme", Cost: 1}}
+	a := decideAt(t, s, items)
+	if err := s.Reset(bgCtx, "acme", []string{"c"}); err != nil {
+		t.Fatal(err)
+	}
+	b := decideAt(t, s, items)
+	if !a.Admitted || !b.Admitted {
+		t.Fatalf("a admitted %v, b (after the reset) %v, want both", a.Admitted, b.Admitted)
+	}
+	if err := a.Release(bgCtx, Fallback{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 1 {
+		t.Errorf("b running, a released after the reset: the counter says %d, want 1", got)
+	}
+	if c := decideAt(t, s, items); c.Admitted {
+		t.Error("a second request admitted in a bucket of limit 1 while b runs")
+	}
+	if err := b.Release(bgCtx, Fallback{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inFlight(t, client, "acme", "c"); got != 0 {
+		t.Errorf("nothing running: the counter says %d, want 0", got)
 	}
 }

@@ -57,11 +57,14 @@ ALGORITHMS.concurrency = function()
 end
 
 -- Holds: the record of each acquire that carries an id (decide.lua, mode
--- "acquire"; release.lua), so that a slot is given back once, and even
--- when the acquire's reply was lost. A record is deleted by its release;
--- HOLD_TTL_MS (24 hours) bounds how long the records of requests an
--- instance never released (it died) stay. A request that holds its slot
--- longer still gives it back: its own release knows the acquire ran.
+-- "acquire"; release.lua), so that an acquire runs once, and not after a
+-- release that came first (its reply was lost, and the release was sent
+-- blindly). Whether a release gives a slot back is the slot's lease's
+-- to say, listed in the held index (held.lua), not the record's. A
+-- record is deleted by its release; HOLD_TTL_MS (24 hours) bounds how
+-- long the records of requests an instance never released (it died)
+-- stay. A request that holds its slot longer still gives it back: its
+-- lease is still listed.
 local HOLD_TTL_MS = 86400000
 
 -- acquire_holds reads the hold keys at the end of KEYS (n keys in all):
@@ -105,7 +108,7 @@ local function hold_slots(holds, n, charged, now)
       redis.call('SET', holds[i], 'held', 'PX', HOLD_TTL_MS)
       local idx = holds.index[i]
       redis.call('ZADD', idx, math.floor(now / 1000) + SLOT_LEASE_MS, held_member(holds.units[i], holds[i]))
-      keep_index(idx)
+      redis.call('PEXPIRE', idx, HELD_INDEX_TTL_MS)
     end
   end
 end
@@ -115,18 +118,21 @@ end
 local RECLAIM_MAX = 16
 
 -- reclaim gives back, before an acquire decides, the slots of the buckets
--- of its holds whose lease ended at now (µs) or before (held.lua). Each
--- one's hold is recorded "gone" for HOLD_TTL_MS, as long as a "held"
--- record would have lived: a release that comes after all (the instance
--- was only paused) then gives nothing back a second time.
+-- of its holds whose lease ended at now (µs) or before (held.lua), and
+-- takes their leases out of the index: a release that comes after all
+-- (the instance was only paused) finds none and gives nothing back a
+-- second time (release.lua). Each one's hold is recorded "gone" for
+-- HOLD_TTL_MS, as long as a "held" record would have lived.
 local function reclaim(holds, now)
   local now_ms = math.floor(now / 1000)
   for i, idx in pairs(holds.index) do
     local ended = redis.call('ZRANGEBYSCORE', idx, '-inf', now_ms, 'LIMIT', 0, RECLAIM_MAX)
     for _, member in ipairs(ended) do
+      -- A member not made by held_member (none is) is dropped, rather
+      -- than failing every acquire of the bucket.
       local bar = string.find(member, '|', 1, true)
-      local hold = string.sub(member, bar + 1)
-      if redis.call('GET', hold) ~= 'gone' then
+      if bar then
+        local hold = string.sub(member, bar + 1)
         redis.call('SET', hold, 'gone', 'PX', HOLD_TTL_MS)
         give_back(KEYS[i], string.sub(member, 1, bar - 1))
       end

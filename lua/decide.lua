@@ -29,8 +29,9 @@
 -- checks' keys, one hold key per concurrency check of positive cost, in
 -- order (<prefix>:once:{<tenant>}:<hold id>). The call decides as
 -- "decide", and each such check it charges records its hold key as
--- "held" for HOLD_TTL_MS: release.lua gives the slot back once, against
--- that record. A hold recorded "gone" is release.lua's record of a
+-- "held" for HOLD_TTL_MS and lists the slot's lease in its bucket's held
+-- index (held.lua), which release.lua takes it out of to give the slot
+-- back once. A hold recorded "gone" is release.lua's record of a
 -- release that came first (the caller gave up on this call's reply and
 -- released it before the call ran): then nothing is charged and the call
 -- answers as for a request that was not admitted. A hold recorded "held"

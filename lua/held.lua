@@ -14,7 +14,11 @@
 -- setting its TTL again.
 local SLOT_LEASE_MS = 60000
 -- The held index lives as long as its counter (CONCURRENCY_TTL_MS,
--- concurrency.lua), and is set again with it.
+-- concurrency.lua): every acquire that charges the counter (hold_slots)
+-- and every renewal (keep.lua) set both TTLs at the same instant, so the
+-- index never expires first. (An index gone before its counter would take
+-- a dead instance's leases with it, and later acquires would keep the
+-- counter alive with those slots in it.)
 local HELD_INDEX_TTL_MS = 600000
 
 -- held_index returns the held index of a concurrency bucket key,
@@ -44,15 +48,6 @@ local function give_back(bucket, units)
     redis.call('DEL', bucket)
   end
   return true
-end
-
--- keep_index sets the TTL of held index idx again when less than half of
--- it is left: a PTTL costs Redis less than a PEXPIRE, which an acquire
--- would otherwise pay every time.
-local function keep_index(idx)
-  if redis.call('PTTL', idx) < HELD_INDEX_TTL_MS / 2 then
-    redis.call('PEXPIRE', idx, HELD_INDEX_TTL_MS)
-  end
 end
 
 -- is_concurrency reports whether key is a concurrency bucket key.

@@ -12,18 +12,19 @@
 -- reset (it does not exist) is a no-op, and a bucket back at zero is
 -- deleted (a fresh bucket). The key keeps its TTL.
 --
--- With a hold key, each slot is given back once: when its acquire's
--- record says "held", the slot is given back and the record deleted (an
--- unsure release records "gone" instead, for a sure one that may still
--- be on its way). A
--- record that says "gone" was released already. No record at all: a sure
--- release gives the slot back (the record expired, or was evicted, while
--- the request held its slot); an unsure one cannot tell an acquire that
--- has not run (or was denied) from a release that ran already, so it
--- gives nothing back and records "gone" for GONE_TTL_MS
--- (limiter.IdempotencyTTL): an acquire still on its way then charges
--- nothing when it runs. A release may therefore be retried, and sent for
--- an acquire whose reply was lost, whether or not it ran.
+-- With a hold key, each slot is given back once, and only while its
+-- bucket counts it: exactly when its lease is listed in the bucket's held
+-- index (held.lua). The acquire that charged the slot listed it; the
+-- first release takes it out and gives the slot back; an acquire that
+-- found its lease ended took it out and gave the slot back already; a
+-- reset deleted the index with the counter, and a counter made since
+-- does not count the slot. So a release may be retried, and sent for an
+-- acquire whose reply was lost, whether or not it ran, and a release
+-- after a reset takes nothing off the new counter. The acquire's record
+-- under the hold key is for acquires: a sure release (the caller saw its
+-- acquire admitted, first attempt) deletes it; an unsure one records
+-- "gone" for GONE_TTL_MS (limiter.IdempotencyTTL), so that an acquire
+-- still on its way charges nothing when it runs.
 --
 -- Returns {the number of keys released} (a list, as every script this
 -- store calls answers).
@@ -40,22 +41,12 @@ for i = 1, n do
   local key, hold = KEYS[i], KEYS[n + i]
   local give = true
   if hold then
-    local v = redis.call('GET', hold)
-    if v == 'held' then
-      if sure then
-        redis.call('DEL', hold)
-      else
-        -- The request's own release may still arrive (sent before this
-        -- retry, late): it must find the slot released.
-        redis.call('SET', hold, 'gone', 'PX', GONE_TTL_MS)
-      end
-    elseif v or not sure then
-      give = false
-      if not v then redis.call('SET', hold, 'gone', 'PX', GONE_TTL_MS) end
+    give = redis.call('ZREM', held_index(key), held_member(ARGV[i], hold)) == 1
+    if sure then
+      redis.call('DEL', hold)
+    else
+      redis.call('SET', hold, 'gone', 'PX', GONE_TTL_MS)
     end
-    -- Its lease ends with it (held.lua); a slot already given back by an
-    -- acquire that found its lease ended is no longer listed.
-    redis.call('ZREM', held_index(key), held_member(ARGV[i], hold))
   end
   if give and give_back(key, ARGV[i]) then
     released = released + 1

@@ -173,18 +173,28 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		}
 		return h.deny(w, r, repl, st, shown)
 	}
+	holds := d.HoldsSlots()
+	var stopKeeping func()
+	if holds {
+		// The slots are taken from the decision on: a request that holds
+		// them longer than a lease on Redis (a long wait for its turn, a
+		// long response) renews their leases and its counters' TTL.
+		stopKeeping = d.KeepSlotsAlive(keepSlotsEvery)
+	}
 	if st.wait > 0 {
 		if err := h.waitTurn(r, st); err != nil {
+			if holds {
+				stopKeeping() // waitTurn gave the slots back
+			}
 			return err
 		}
 	}
-	if d.HoldsSlots() {
-		// Deferred after putRequestState, so it runs first: the slots go
-		// back when the rest of the chain returns, panics included.
+	if holds {
+		// Deferred after putRequestState, so they run first: the slots go
+		// back when the rest of the chain returns, panics included, the
+		// keeping stopped before.
 		defer h.release(r, d)
-		// A request that runs longer than its counters' idle TTL keeps
-		// them alive on Redis; stopped before the release.
-		defer d.KeepSlotsAlive(keepSlotsEvery)()
+		defer stopKeeping()
 	}
 	if h.protection != nil {
 		if h.Tenant == "" {
