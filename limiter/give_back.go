@@ -84,7 +84,9 @@ func (l *logRing) index(i int) int {
 // The give-back carries an id (NewChargeID), so it lands once: when the
 // store fails, fb.Recorder keeps it and sends it again until the store
 // answers. A request the fallback decided gives its units back there, and
-// they are taken off what fb.Recorder holds for the primary store.
+// they are taken off what fb.Recorder holds for the primary store (or,
+// when a Flush sent them to the primary store meanwhile, given back
+// there, under an id).
 func (d *Decision) GiveBack(ctx context.Context, fb Fallback, back []bool) error {
 	if !d.Admitted || d.decidedBy == nil {
 		return nil
@@ -128,9 +130,18 @@ func (d *Decision) giveBack(ctx context.Context, fb Fallback, pick func(j, i int
 	switch {
 	case fb.Recorder == nil:
 	case local:
-		// Take back what DecideOrFallback recorded.
+		// Take back what DecideOrFallback recorded; what a Flush sent to
+		// the primary store since goes back there, under an id.
+		var sent []Check
 		for k := range checks {
-			fb.Recorder.Record(&checks[k], rates[k], checks[k].Cost)
+			if left := fb.Recorder.Record(&checks[k], rates[k], checks[k].Cost); left < 0 {
+				g := checks[k]
+				g.Rate, g.Cost = rates[k], left
+				sent = append(sent, g)
+			}
+		}
+		if len(sent) > 0 {
+			fb.Recorder.Retry(NewChargeID(), sent)
 		}
 	case err != nil && !errors.Is(err, ErrInvalidCheck):
 		for k := range checks {

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -209,5 +210,27 @@ func awayFromWindowEdge(t *testing.T, w, margin time.Duration) {
 	t.Helper()
 	if left := w - time.Duration(time.Now().UnixNano()%int64(w)); left < margin {
 		time.Sleep(left + 50*time.Millisecond)
+	}
+}
+
+// TestGiveBackFallbackAfterFlush: a request the fallback decided gives
+// its units back (refund_status) after they were sent to Redis: the
+// give-back goes to Redis, under an id. (It was taken off the recorded
+// units only, which were gone: Redis kept the unit.)
+func TestGiveBackFallbackAfterFlush(t *testing.T) {
+	fbStore, _ := newTestStore(t, MemoryOptions{})
+	rec := NewRecorder(RecorderOptions{})
+	fb := Fallback{Store: fbStore, Scale: 1, Recorder: rec}
+	p := &Policy{Name: "api", Algorithm: FixedWindow, FailMode: FailLocal, Limit: Limit{Rate: Rate{Limit: 100, Window: time.Hour}}}
+	var d Decision
+	if err := d.DecideOrFallback(bgCtx, brokenStore{}, fb, []Item{{Policy: p, Tenant: "t", Cost: 1}}); !errors.Is(err, errUnreachable) || !d.Admitted {
+		t.Fatal(d.Admitted, err)
+	}
+	moved := flushTotal(t, rec)
+	if err := d.GiveBack(bgCtx, fb, []bool{true}); err != nil {
+		t.Fatal(err)
+	}
+	if moved += flushTotal(t, rec); moved != 0 {
+		t.Fatalf("Redis was moved %d units in all, want 0 (the request was refunded)", moved)
 	}
 }

@@ -191,8 +191,9 @@ func (e *recEntry) roll(k int64) {
 
 // addAt adds units to slot k (the newest slot when k is older than the
 // ring, as when the clock went back), saturating at MaxCount. Negative
-// units are taken from the newest slots first, down to zero.
-func (e *recEntry) addAt(k int64, units int64) {
+// units are taken from the newest slots first, down to zero; left is
+// what could not be taken (0 or negative).
+func (e *recEntry) addAt(k int64, units int64) (left int64) {
 	e.roll(k)
 	n := int64(len(e.counts))
 	if k <= e.last-n {
@@ -201,7 +202,7 @@ func (e *recEntry) addAt(k int64, units int64) {
 	if units >= 0 {
 		i := k % n
 		e.counts[i] = min(e.counts[i]+min(units, MaxCount), MaxCount)
-		return
+		return 0
 	}
 	for j := e.last; j > e.last-n && units < 0; j-- {
 		i := j % n
@@ -209,6 +210,7 @@ func (e *recEntry) addAt(k int64, units int64) {
 		e.counts[i] -= take
 		units += take
 	}
+	return units
 }
 
 // estimate returns the units that still count at now: those of the slots
@@ -301,15 +303,17 @@ func NewRecorder(opts RecorderOptions) *Recorder {
 // rate, while the primary store was not asked: admitted by the fallback,
 // or settled while the store was unreachable. Negative units take back
 // units recorded earlier (a request that gave its turn back, a real cost
-// lower than the up-front one). Concurrency checks, zero units and rates
-// without a window are ignored.
-func (r *Recorder) Record(c *Check, rate Rate, units int64) {
-	r.record(recKey{c.Algorithm, c.Tenant, c.Policy, c.Part}, rate, units)
+// lower than the up-front one); left is what the Recorder no longer held
+// of them (a Flush sent them to the store since, or they were never
+// kept), 0 or negative: the caller gives that back to the store itself.
+// Concurrency checks, zero units and rates without a window are ignored.
+func (r *Recorder) Record(c *Check, rate Rate, units int64) (left int64) {
+	return r.record(recKey{c.Algorithm, c.Tenant, c.Policy, c.Part}, rate, units)
 }
 
-func (r *Recorder) record(k recKey, rate Rate, units int64) {
+func (r *Recorder) record(k recKey, rate Rate, units int64) (left int64) {
 	if units == 0 || k.algo == Concurrency || rate.Window <= 0 {
-		return
+		return 0
 	}
 	now := r.clock.Now().UnixNano()
 	r.mu.Lock()
@@ -318,11 +322,11 @@ func (r *Recorder) record(k recKey, rate Rate, units int64) {
 	switch {
 	case e == nil:
 		if units < 0 {
-			return // nothing recorded to take back
+			return units // nothing recorded to take back
 		}
 		if !r.room() {
 			r.dropped.Add(units)
-			return
+			return 0
 		}
 		e = newRecEntry(rate, now)
 		r.entries[k] = e
@@ -337,11 +341,12 @@ func (r *Recorder) record(k recKey, rate Rate, units int64) {
 	}
 	e.rate = rate
 	if k.refills() {
-		e.owed = max(0, min(e.owed+units, MaxCount))
+		owed := e.owed + units
+		e.owed = max(0, min(owed, MaxCount))
 		e.owedAt = now
-		return
+		return min(owed, 0)
 	}
-	e.addAt(e.slot(now), units)
+	return e.addAt(e.slot(now), units)
 }
 
 // Retry keeps a call to a Charger that failed, to be sent again with the

@@ -107,7 +107,7 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 		return nil
 	}
 	if fb.Store != nil && d.decidedBy == fb.Store {
-		d.recordDebt(fb)
+		d.recordDebt(fb, true)
 		return settleOn(ctx, fb.Store, "", d.checks, d.settleDeltas)
 	}
 	id := NewChargeID()
@@ -119,8 +119,9 @@ func (d *Decision) Settle(ctx context.Context, fb Fallback, real []int64) error 
 	if fb.Recorder != nil {
 		if NotSent(err) {
 			// Never ran: what it charges is units used; what it gives
-			// back has no recorded units to come off, so it stays a call.
-			d.recordDebt(fb)
+			// back was charged by the store, not recorded, so it stays a
+			// call.
+			d.recordDebt(fb, false)
 			d.retrySettle(fb.Recorder, id, false)
 		} else {
 			d.retrySettle(fb.Recorder, id, true)
@@ -143,16 +144,32 @@ var errSettleAfterRelease = errors.New("limiter: Settle called after Release")
 
 // recordDebt records the deltas a settlement has left to make with the
 // items' unscaled rates, for the primary store (Recorder.Record): more
-// units, and units given back to token buckets and GCRA buckets (window
-// algorithms keep the up-front units, see Settle).
-func (d *Decision) recordDebt(fb Fallback) {
+// units, and with takeBack (a request the fallback decided, whose
+// up-front units the Recorder holds) units given back to token buckets
+// and GCRA buckets (window algorithms keep the up-front units, see
+// Settle). What the Recorder no longer holds to take back was sent to the
+// primary store by a Flush since: that part goes back to the store, as a
+// call with an id of its own (Recorder.Retry).
+func (d *Decision) recordDebt(fb Fallback, takeBack bool) {
 	if fb.Recorder == nil {
 		return
 	}
+	var sent []Check
 	for j, i := range d.counted {
-		if delta := d.settleDeltas[j]; delta > 0 || (delta < 0 && delta != noDelta && givesBack(d.checks[j].Algorithm)) {
-			fb.Recorder.Record(&d.checks[j], d.Verdicts[i].Limit.Rate, delta)
+		delta, c, rate := d.settleDeltas[j], &d.checks[j], d.Verdicts[i].Limit.Rate
+		switch {
+		case delta > 0:
+			fb.Recorder.Record(c, rate, delta)
+		case takeBack && delta < 0 && delta != noDelta && givesBack(c.Algorithm):
+			if left := fb.Recorder.Record(c, rate, delta); left < 0 {
+				g := *c
+				g.Rate, g.Cost, g.Shadow = rate, left, false
+				sent = append(sent, g)
+			}
 		}
+	}
+	if len(sent) > 0 {
+		fb.Recorder.Retry(NewChargeID(), sent)
 	}
 }
 

@@ -519,3 +519,85 @@ func TestSettleFallbackKeepsWindowUnits(t *testing.T) {
 		})
 	}
 }
+
+// flushTotal flushes rec into a store that answers every call, and
+// returns the units the calls moved (charges positive, give-backs
+// negative).
+func flushTotal(t *testing.T, rec *Recorder) int64 {
+	t.Helper()
+	var moved int64
+	if _, err := rec.Flush(bgCtx, chargeFunc(func(_ string, checks []Check, charged []int64) error {
+		for i, c := range checks {
+			moved += c.Cost
+			charged[i] = c.Cost
+		}
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	return moved
+}
+
+// TestSettleNotSentGivesBackOnce: a request Redis decided settles with a
+// lower real cost while the breaker is open, beside another request of
+// the bucket that the fallback decided and recorded. The give-back goes
+// to Redis once, as a call, and does not also come off the other
+// request's recorded units. (It did both: Redis ended up 900 units
+// short.)
+func TestSettleNotSentGivesBackOnce(t *testing.T) {
+	fbStore, _ := newTestStore(t, MemoryOptions{})
+	rec := NewRecorder(RecorderOptions{})
+	fb := Fallback{Store: fbStore, Scale: 1, Recorder: rec}
+	p := &Policy{Name: "tokens", Algorithm: TokenBucket, FailMode: FailLocal, Limit: Limit{Rate: Rate{Limit: 100000, Window: time.Minute}}}
+	m, _ := newTestStore(t, MemoryOptions{})
+	var a, b Decision
+	if err := a.Decide(bgCtx, m, []Item{{Policy: p, Tenant: "t", Cost: 1000}}); err != nil || !a.Admitted {
+		t.Fatal(a.Admitted, err)
+	}
+	if err := b.DecideOrFallback(bgCtx, brokenStore{}, fb, []Item{{Policy: p, Tenant: "t", Cost: 1000}}); !errors.Is(err, errUnreachable) || !b.Admitted {
+		t.Fatal(b.Admitted, err)
+	}
+	a.decidedBy = &idCharger{MemoryStore: m, err: ErrBreakerOpen}
+	if err := a.Settle(bgCtx, fb, []int64{100}); !errors.Is(err, ErrBreakerOpen) {
+		t.Fatal(err)
+	}
+	// Redis holds A's 1000: it gets B's 1000 and A's 900 back, once.
+	if got := flushTotal(t, rec); got != 100 {
+		t.Fatalf("recovery moved %d units, want +100 (B's 1000, less the 900 A gives back)", got)
+	}
+}
+
+// TestSettleFallbackAfterFlush: a request the fallback decided during an
+// outage settles with a lower real cost after its up-front units were
+// sent to Redis (Redis answered meanwhile): the difference goes back to
+// Redis, under an id. (It was taken off the recorded units only, which
+// were gone: Redis kept 1000 for a request that cost 100.)
+func TestSettleFallbackAfterFlush(t *testing.T) {
+	fbStore, _ := newTestStore(t, MemoryOptions{})
+	rec := NewRecorder(RecorderOptions{})
+	fb := Fallback{Store: fbStore, Scale: 1, Recorder: rec}
+	p := &Policy{Name: "tokens", Algorithm: TokenBucket, FailMode: FailLocal, Limit: Limit{Rate: Rate{Limit: 100000, Window: time.Minute}}}
+	var d Decision
+	if err := d.DecideOrFallback(bgCtx, brokenStore{}, fb, []Item{{Policy: p, Tenant: "t", Cost: 1000}}); !errors.Is(err, errUnreachable) || !d.Admitted {
+		t.Fatal(d.Admitted, err)
+	}
+	moved := flushTotal(t, rec)
+	if err := d.Settle(bgCtx, fb, []int64{100}); err != nil {
+		t.Fatal(err)
+	}
+	moved += flushTotal(t, rec)
+	if moved != 100 {
+		t.Fatalf("Redis was moved %d units in all, want 100 (the real cost)", moved)
+	}
+	// Recorded units still there are taken off instead: no call.
+	var e Decision
+	if err := e.DecideOrFallback(bgCtx, brokenStore{}, fb, []Item{{Policy: p, Tenant: "t", Cost: 1000}}); !errors.Is(err, errUnreachable) || !e.Admitted {
+		t.Fatal(e.Admitted, err)
+	}
+	if err := e.Settle(bgCtx, fb, []int64{300}); err != nil {
+		t.Fatal(err)
+	}
+	if got := flushTotal(t, rec); got != 300 {
+		t.Fatalf("recovery moved %d units, want 300", got)
+	}
+}
