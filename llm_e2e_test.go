@@ -98,6 +98,10 @@ func (a *llmAPI) serve(w http.ResponseWriter, r *http.Request) {
 	case "/v1/models":
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"object":"list","data":[{"id":"gpt-4o-mini","object":"model","created":1,"owned_by":"openai"}]}`)
+	case "/v1/responses/resp_1":
+		// A stored answer, fetched again: its usage was the POST's.
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"resp_1","object":"response","model":"gpt-4o-mini","status":"completed","usage":{"input_tokens":10,"output_tokens":1000,"total_tokens":1010}}`)
 	case "/v1/messages":
 		w.Header().Set("Content-Type", "text/event-stream")
 		for _, ev := range []string{
@@ -262,6 +266,16 @@ func TestLLMPresets(t *testing.T) {
 	}
 	if c := charged(chat, "models", 1000000); c != 1 {
 		t.Errorf("GET /v1/models: charged %d, want its 1 unit up front", c)
+	}
+	// Nor does fetching a stored answer again, though it shows the usage
+	// its generation reported (and was charged) then.
+	for range 2 {
+		if res := s.get("/openai/v1/responses/resp_1", "X-Tenant", "stored"); res.status != 200 {
+			t.Errorf("GET /v1/responses/resp_1: status %d", res.status)
+		}
+	}
+	if c := charged(chat, "stored", 1000000); c != 2 {
+		t.Errorf("GET /v1/responses/resp_1 twice: charged %d, want 1 unit up front each time", c)
 	}
 	// ... even where a price table has no default: no model to price.
 	if res := s.get("/priced/v1/models", "X-Tenant", "models"); res.status != 200 {

@@ -459,12 +459,15 @@ func (h *Server) settle(r *http.Request, st *requestState, mw *meteredWriter, ba
 			real = append(real, limiter.NotMetered)
 			continue
 		}
-		n, why := mw.cost(i)
-		if n < 0 && m.Preset != 0 && st.noBody {
-			// A request without a body to an LLM API (listing models)
-			// generated nothing: its up-front cost, not a missing one.
-			why = missingBodiless
+		if m.Preset != 0 && st.noBody {
+			// A request without a body to an LLM API (listing models,
+			// fetching a stored answer, which shows the usage its
+			// generation reported and was charged then) generated
+			// nothing: its up-front cost, not a missing one.
+			real = append(real, limiter.NotMetered)
+			continue
 		}
+		n, why := mw.cost(i)
 		if n < 0 && why != missingNoResponse && why != missingBodiless && why != missingFailed {
 			p := st.policies[i]
 			if h.metrics != nil {
