@@ -431,10 +431,16 @@ func (h *Server) serveMetered(w http.ResponseWriter, r *http.Request, next caddy
 	dr := h.drains.watch(r)
 	mw.drain = dr
 	defer func() {
+		// A chain that panics (reverse_proxy aborting a response) is
+		// settled too, and judged as a 500 (statusOf).
+		p := recover()
+		if p != nil {
+			defer panic(p)
+		}
 		mw.finishStripping()
 		dr.end()
 		mw.clientLeft = dr == nil && r.Context().Err() != nil
-		back := st.outcomes && st.markBack(statusOf(mw.status, err))
+		back := st.outcomes && st.markBack(statusOf(mw.status, err, p != nil))
 		h.settle(r, st, mw, back)
 		if back {
 			h.giveBack(r, st)

@@ -20,9 +20,14 @@ import (
 
 // statusOf is the status a request was answered with: the error's when
 // the chain failed with one (basic_auth's 401 is an error that the
-// server's error handling writes), else what the writer saw (200 when
-// nothing was written: net/http's default).
-func statusOf(written int, err error) int {
+// server's error handling writes), a 500 when it panicked (reverse_proxy
+// aborts a response whose upstream failed mid-body with
+// http.ErrAbortHandler, whatever status it wrote), else what the writer
+// saw (200 when nothing was written: net/http's default).
+func statusOf(written int, err error, panicked bool) int {
+	if panicked && err == nil {
+		return http.StatusInternalServerError
+	}
 	if err != nil {
 		var he caddyhttp.HandlerError
 		if errors.As(err, &he) && he.StatusCode != 0 {
@@ -66,15 +71,13 @@ func (h *Server) serveOutcome(w http.ResponseWriter, r *http.Request, next caddy
 	sw.ResponseWriter, sw.status = w, 0
 	defer func() {
 		// Deferred: a handler that panics (reverse_proxy aborting a
-		// response) answered too, with the status it wrote or a 500.
-		if p := recover(); p != nil {
-			if err == nil {
-				err = caddyhttp.Error(http.StatusInternalServerError, nil)
-			}
+		// response) answered too, as a 500 (statusOf).
+		p := recover()
+		if p != nil {
 			defer panic(p)
 		}
 		sw.ResponseWriter = nil
-		if st.markBack(statusOf(sw.status, err)) {
+		if st.markBack(statusOf(sw.status, err, p != nil)) {
 			h.giveBack(r, st)
 		}
 	}()

@@ -7,10 +7,12 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
 )
 
 // TestStatusOf: the status an outcome is judged by is the chain's error's
-// (a HandlerError's code, else 500), else the one written, else 200.
+// (a HandlerError's code, else 500), else 500 for a chain that panicked,
+// else the one written, else 200.
 func TestStatusOf(t *testing.T) {
 	for _, tc := range []struct {
 		written int
@@ -25,9 +27,15 @@ func TestStatusOf(t *testing.T) {
 		{0, errors.New("plain"), 500},
 		{0, caddyhttp.HandlerError{}, 500},
 	} {
-		if got := statusOf(tc.written, tc.err); got != tc.want {
+		if got := statusOf(tc.written, tc.err, false); got != tc.want {
 			t.Errorf("statusOf(%d, %v) = %d, want %d", tc.written, tc.err, got, tc.want)
 		}
+	}
+	if got := statusOf(200, nil, true); got != 500 {
+		t.Errorf("statusOf(200, nil, panicked) = %d, want 500", got)
+	}
+	if got := statusOf(200, caddyhttp.Error(http.StatusBadGateway, nil), true); got != 502 {
+		t.Errorf("statusOf(200, a 502, panicked) = %d, want 502", got)
 	}
 }
 
@@ -49,5 +57,42 @@ func TestMeteredWriterStatusReset(t *testing.T) {
 	w.WriteHeader(http.StatusSwitchingProtocols)
 	if w.status != 101 {
 		t.Fatalf("an upgrade's status is %d, want 101", w.status)
+	}
+}
+
+// TestAbortedResponseOutcome: a response the chain aborts after writing
+// its status (reverse_proxy panics with http.ErrAbortHandler when the
+// upstream fails mid-body) is judged as a 500, whether or not its policy
+// is metered: refund_status 5xx gives its unit back in both. (A metered
+// policy judged it by the 200 written, and kept the unit.)
+func TestAbortedResponseOutcome(t *testing.T) {
+	for _, meter := range []string{"", `,"cost_after":{"header":"X-Cost"}`} {
+		tenant := "unmetered"
+		if meter != "" {
+			tenant = "metered" // the embedded store is the process's
+		}
+		h := provisionServer(t, `{"tenant":"{http.request.header.X-Tenant}","rate_limits":{"p":{"algorithm":"token_bucket","max_events":10,"window":60000000000,"refund_status":["5xx"]`+meter+`}}}`)
+		abort := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			w.Header().Set("X-Cost", "1")
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte("partial"))
+			panic(http.ErrAbortHandler)
+		})
+		func() {
+			defer func() {
+				if p := recover(); p != http.ErrAbortHandler {
+					t.Errorf("metered %v: the chain's panic %v did not reach the server", meter != "", p)
+				}
+			}()
+			w := httptest.NewRecorder()
+			_ = h.ServeHTTP(w, caddyreq.New(w, tenant), abort)
+		}()
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, caddyreq.New(w, tenant), caddyreq.OK); err != nil {
+			t.Fatal(err)
+		}
+		if got := w.Header().Get("X-Ratelimit-Remaining"); got != "9" {
+			t.Errorf("metered %v: remaining %s after an aborted response and one more, want 9 (the aborted one's unit given back)", meter != "", got)
+		}
 	}
 }

@@ -114,7 +114,7 @@ func (h *Server) serveProtected(w http.ResponseWriter, r *http.Request, repl *ca
 	start := time.Now()
 	defer func() {
 		sw.ResponseWriter = nil
-		failed := overloadAnswer(statusOf(sw.status, err))
+		failed := overloadAnswer(statusOf(sw.status, err, false)) // a panic: below
 		if rec := recover(); rec != nil {
 			slot.Release(time.Since(start), true)
 			panic(rec)
