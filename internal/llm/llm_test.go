@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/caddy-tollgate/internal/usage"
 )
@@ -154,6 +156,32 @@ func TestUsageStripperLeaves(t *testing.T) {
 	}
 }
 
+// TestUsageStripperLinear checks that the stripper's time is linear in
+// the stream: an event held while it arrives in small writes was scanned
+// again from its start at each write, and the events of one write moved
+// the rest of it down one by one; a 256 KiB event byte by byte took 35 s,
+// 512 KiB of empty lines in one write 5 s.
+func TestUsageStripperLinear(t *testing.T) {
+	const size = 256 << 10
+	budget := 2 * time.Second
+	var s UsageStripper
+	s.Reset(io.Discard)
+	ev := []byte("data: {\"c\":\"" + strings.Repeat("x", size) + "\",\"usage\":null}\r\n\r\n")
+	start := time.Now()
+	for i := range ev {
+		s.Write(ev[i : i+1])
+		if i%4096 == 0 && time.Since(start) > budget {
+			t.Fatalf("an event of %d bytes, byte by byte: %d bytes in %v", len(ev), i, time.Since(start))
+		}
+	}
+	s.Reset(io.Discard)
+	start = time.Now()
+	s.Write(bytes.Repeat([]byte("\n"), 2*size))
+	if d := time.Since(start); d > budget {
+		t.Fatalf("%d empty lines in one write: %v", 2*size, d)
+	}
+}
+
 func TestTokens(t *testing.T) {
 	for _, tc := range []struct {
 		p    Provider
@@ -205,6 +233,7 @@ func TestPrices(t *testing.T) {
 		{"gpt-4o-mini", Price{150, 600, 75}},
 		{"gpt-4o-2024-08-06", Price{2500, 10000, 1250}},
 		{"gpt-4o-mini-2024", Price{2500, 10000, 1250}},
+		{"gpt-4o*-mini", Price{2500, 10000, 1250}}, // a '*' in the model is matched by the glob's, not as a letter
 		{"claude-3-haiku", Price{80, 400, 8}},
 		{"openai/gpt-x/y", Price{3, 3, 3}},
 		{"llama", Price{1, 2, 1}},

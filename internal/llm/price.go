@@ -79,12 +79,12 @@ func glob(pattern, s string) bool {
 	star, mark := -1, 0
 	for sx < len(s) {
 		switch {
+		case px < len(pattern) && pattern[px] == '*': // first: a '*' in s too is no literal match
+			star, mark = px, sx
+			px++
 		case px < len(pattern) && (pattern[px] == '?' || pattern[px] == s[sx]):
 			px++
 			sx++
-		case px < len(pattern) && pattern[px] == '*':
-			star, mark = px, sx
-			px++
 		case star >= 0:
 			px = star + 1
 			mark++

@@ -66,7 +66,11 @@ func WithUsage(body []byte) ([]byte, bool) {
 	m, ok := findMember(body, "stream_options")
 	if !ok {
 		open := bytes.IndexByte(body, '{') + 1
-		return splice(body, open, open, `"stream_options":{`+includeUsage+`},`), true
+		sep := "," // before the first member
+		if k := skipSpace(body, open); k < len(body) && body[k] == '}' {
+			sep = "" // an empty object: {} or { }
+		}
+		return splice(body, open, open, `"stream_options":{`+includeUsage+`}`+sep), true
 	}
 	switch v := body[m.val:m.end]; {
 	case string(v) == "null":

@@ -15,9 +15,10 @@ import (
 // client anyway); an event longer than MaxEvent, or a stream that is not
 // made of such events, is passed on as it is from there on.
 type UsageStripper struct {
-	w   io.Writer
-	buf []byte
-	raw bool // pass everything on from now on
+	w    io.Writer
+	buf  []byte
+	scan int  // bytes of buf scanned without finding the end of an event
+	raw  bool // pass everything on from now on
 }
 
 // MaxEvent is the longest event held to be edited.
@@ -25,7 +26,7 @@ const MaxEvent = 1 << 20
 
 // Reset makes s write to w, forgetting what it held.
 func (s *UsageStripper) Reset(w io.Writer) {
-	s.w, s.raw = w, false
+	s.w, s.scan, s.raw = w, 0, false
 	if cap(s.buf) > 64<<10 {
 		s.buf = nil // do not keep a large buffer pooled
 	}
@@ -39,21 +40,33 @@ func (s *UsageStripper) Write(p []byte) (int, error) {
 		return s.w.Write(p)
 	}
 	s.buf = append(s.buf, p...)
+	// Each byte is scanned once, and what is held moved once per Write:
+	// an event held while it arrives in small writes, or many small
+	// events in one write, must not cost time quadratic in their size.
+	done := 0 // the events written
 	for {
-		end := eventEnd(s.buf, false)
+		end := eventEnd(s.buf[done:], s.scan, false)
 		if end < 0 {
 			break
 		}
-		if _, err := s.w.Write(stripEvent(s.buf[:end])); err != nil {
-			s.buf = s.buf[:0]
+		if _, err := s.w.Write(stripEvent(s.buf[done : done+end])); err != nil {
+			s.buf, s.scan = s.buf[:0], 0
 			return 0, err
 		}
-		s.buf = s.buf[:copy(s.buf, s.buf[end:])]
+		done += end
+		s.scan = 0
+	}
+	if done > 0 {
+		s.buf = s.buf[:copy(s.buf, s.buf[done:])]
+	}
+	s.scan = len(s.buf)
+	if s.scan > 0 && s.buf[s.scan-1] == '\r' {
+		s.scan-- // perhaps the first half of a CR LF: scanned again
 	}
 	if len(s.buf) > MaxEvent {
 		s.raw = true
 		_, err := s.w.Write(s.buf)
-		s.buf = s.buf[:0]
+		s.buf, s.scan = s.buf[:0], 0
 		if err != nil {
 			return 0, err
 		}
@@ -67,17 +80,20 @@ func (s *UsageStripper) Close() error {
 		return nil
 	}
 	_, err := s.w.Write(s.buf)
-	s.buf = s.buf[:0]
+	s.buf, s.scan = s.buf[:0], 0
 	return err
 }
 
 // eventEnd returns the length of the first complete event of b (up to and
-// including the empty line that ends it), or -1. A CR at the end of b may
-// be the first half of a CR LF: it ends a line only when final (nothing
-// follows b).
-func eventEnd(b []byte, final bool) int {
-	lineStart := true // at the start of a line (an empty line alone ends an event)
-	for i := 0; i < len(b); i++ {
+// including the empty line that ends it), or -1. Scanning starts at from:
+// b[:from] is known to hold no end of an event nor to end halfway through
+// a CR LF.
+// A CR at the end of b may be the first half of a CR LF: it ends a line
+// only when final (nothing follows b).
+func eventEnd(b []byte, from int, final bool) int {
+	// At the start of a line (an empty line alone ends an event).
+	lineStart := from == 0 || b[from-1] == '\n' || b[from-1] == '\r'
+	for i := from; i < len(b); i++ {
 		c := b[i]
 		if c != '\n' && c != '\r' {
 			lineStart = false
