@@ -2,9 +2,11 @@ package surface
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -36,8 +38,24 @@ const (
 	llmUsageRequested = "usage_requested" // read, and include_usage was set for the client
 	llmTooLarge       = "too_large"       // larger than maxLLMBody: refused with 413
 	llmNotJSON        = "not_json"        // not a JSON object: passed on untouched
+	llmNotUTF8        = "not_utf8"        // JSON in UTF-16 or UTF-32: refused with 400
 	llmNoBody         = "no_body"         // no body at all
 )
+
+// utf8BOM is the byte order mark some clients put before UTF-8 JSON.
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// wideJSON reports whether body, of media type ct (JSON, or none), looks
+// like JSON in UTF-16 or UTF-32, as Python's json (which the
+// OpenAI-compatible servers written in it read bodies with) tells them:
+// a UTF-16 byte order mark, or a NUL among the first two bytes.
+func wideJSON(body []byte, ct string) bool {
+	if ct != "" && bodyFormat(ct) != usage.JSON {
+		return false // a multipart or binary upload
+	}
+	return bytes.HasPrefix(body, []byte("\xfe\xff")) || bytes.HasPrefix(body, []byte("\xff\xfe")) ||
+		(len(body) >= 2 && (body[0] == 0 || body[1] == 0))
+}
 
 // preset returns the first preset among the request's meters.
 func (st *requestState) preset() llm.Provider {
@@ -58,11 +76,17 @@ func (h *Server) readRequestBody(r *http.Request, st *requestState) error {
 	if h.metrics != nil {
 		h.metrics.LLMRequest(result)
 	}
-	if result == llmTooLarge {
+	switch result {
+	case llmTooLarge:
 		// Unread, it would be priced, reserved and streamed without its
 		// usage as the client pleases (padding a body costs no tokens).
 		return caddyhttp.Error(http.StatusRequestEntityTooLarge,
 			fmt.Errorf("request body over %d bytes: a metered LLM request is read whole to be priced", maxLLMBody))
+	case llmNotUTF8:
+		// A lenient upstream would read it, model, stream and all, where
+		// Tollgate could not: it would escape its price and its usage.
+		return caddyhttp.Error(http.StatusBadRequest,
+			errors.New("request body in UTF-16 or UTF-32: a metered LLM request's JSON must be UTF-8 (RFC 8259)"))
 	}
 	for i, m := range st.meters {
 		if m == nil || m.Prices == nil || st.noBody {
@@ -130,8 +154,19 @@ func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm
 		return llmNoBody
 	}
 	req, ok := llm.ParseRequest(body)
+	if !ok && bytes.HasPrefix(body, utf8BOM) {
+		// JSON after a UTF-8 byte order mark, which Python's json skips:
+		// read, and passed on without the mark.
+		if req, ok = llm.ParseRequest(body[len(utf8BOM):]); ok {
+			body = body[len(utf8BOM):]
+			st.bodyLen, st.body = int64(len(body)), body
+		}
+	}
 	if !ok {
 		restore(body)
+		if wideJSON(body, r.Header.Get("Content-Type")) {
+			return llmNotUTF8
+		}
 		return llmNotJSON
 	}
 	st.model = req.Model
@@ -146,6 +181,10 @@ func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm
 	}
 	r.Body = bodyReadCloser{Reader: bytes.NewReader(body), Closer: orig}
 	r.ContentLength = int64(len(body))
+	if r.Header.Get("Content-Length") != "" {
+		// What a transport that reads the header (fastcgi) sends.
+		r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	}
 	r.TransferEncoding = nil
 	r.GetBody = nil
 	return result

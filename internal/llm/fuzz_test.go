@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -546,12 +547,19 @@ func last(ms []kv, key string) (json.RawMessage, bool) {
 	return nil, false
 }
 
-// refTruthy: what a lenient server takes for true.
+// refTruthy: what a lenient server (pydantic's bool) takes for true.
 func refTruthy(raw json.RawMessage) bool {
-	for _, s := range []string{"true", "1", `"true"`, `"True"`, `"1"`} {
-		if string(raw) == s {
-			return true
-		}
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return false
+	}
+	switch v := v.(type) {
+	case bool:
+		return v
+	case float64:
+		return v == 1
+	case string:
+		return slices.Contains([]string{"1", "on", "t", "true", "y", "yes"}, strings.ToLower(v))
 	}
 	return false
 }

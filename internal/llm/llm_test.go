@@ -44,12 +44,23 @@ func TestParseRequest(t *testing.T) {
 		ok   bool
 	}{
 		{`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true}}`, Request{"gpt-4o", true, true}, true},
-		{`{"model":7,"stream":"yes"}`, Request{}, true},
+		{`{"model":7,"stream":"no"}`, Request{}, true},
 		// Exact names, the last of duplicates, lenient truth.
 		{`{"model":"gpt-4o","Model":"cheap"}`, Request{Model: "gpt-4o"}, true},
 		{`{"stream":true,"STREAM":false}`, Request{Stream: true}, true},
 		{`{"model":"a","model":"b","stream":1}`, Request{Model: "b", Stream: true}, true},
 		{`{"stream":"true","stream_options":{"include_usage":1}}`, Request{Stream: true, IncludeUsage: true}, true},
+		// What pydantic's bool takes for true (vLLM, SGLang, LiteLLM).
+		{`{"stream":"on","stream_options":{"include_usage":"YES"}}`, Request{Stream: true, IncludeUsage: true}, true},
+		{`{"stream":"t"}`, Request{Stream: true}, true},
+		{`{"stream":"Y"}`, Request{Stream: true}, true},
+		{`{"stream":1.0}`, Request{Stream: true}, true},
+		{`{"stream":1e0}`, Request{Stream: true}, true},
+		{`{"stream":"\u0074rue"}`, Request{Stream: true}, true},
+		{`{"stream":2}`, Request{}, true},
+		{`{"stream":"off"}`, Request{}, true},
+		{`{"stream":" true"}`, Request{}, true},
+		{`{"stream":null}`, Request{}, true},
 		{`[1]`, Request{}, false},
 		{`{"model":"m"`, Request{}, false},
 		{`not json`, Request{}, false},

@@ -21,7 +21,7 @@ type Request struct {
 // Members are matched by their exact names after unescaping, the last of
 // duplicates winning, as the APIs' servers read them (encoding/json's
 // struct fields would also match "Model" or "STREAM"). A stream is asked
-// for by true, and by what a lenient server takes for true (1, "true").
+// for by true, and by what a lenient server takes for true (see truthy).
 func ParseRequest(body []byte) (req Request, ok bool) {
 	var v map[string]json.RawMessage
 	body = bytes.TrimSpace(body)
@@ -37,11 +37,33 @@ func ParseRequest(body []byte) (req Request, ok bool) {
 	return req, true
 }
 
-// truthy reports a JSON value a lenient server reads as true.
+// truthy reports a JSON value a lenient server reads as true: the
+// OpenAI-compatible servers written in Python (vLLM, SGLang, LiteLLM)
+// validate with pydantic, whose bool takes true, a number equal to 1, and
+// a string that is, in any case, one of 1, on, t, true, y or yes. Reading
+// less than they do would let a client ask for a stream Tollgate does not
+// see, and so escape its usage.
 func truthy(v json.RawMessage) bool {
-	switch string(bytes.TrimSpace(v)) {
-	case "true", "1", `"true"`, `"True"`, `"1"`:
-		return true
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 {
+		return false
+	}
+	switch v[0] {
+	case 't':
+		return string(v) == "true"
+	case '"':
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return false
+		}
+		switch strings.ToLower(s) {
+		case "1", "on", "t", "true", "y", "yes":
+			return true
+		}
+		return false
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var f float64
+		return json.Unmarshal(v, &f) == nil && f == 1
 	}
 	return false
 }

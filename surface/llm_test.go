@@ -1,0 +1,72 @@
+package surface
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf16"
+
+	"github.com/tollgate/caddy-tollgate/internal/llm"
+)
+
+// TestInspectLLMRequestLenient: a request body is read as leniently as
+// the OpenAI-compatible servers written in Python read it, so that a
+// client cannot ask them for a stream, or name a model, that Tollgate
+// does not see: pydantic's true ("on", "yes", 1.0) asks for a stream
+// (and gets include_usage set), JSON after a UTF-8 byte order mark is
+// read (and passed on without it), and JSON in UTF-16 or UTF-32, which
+// Python's json reads too, is refused. (A stream asked for with "on"
+// went without include_usage and was charged an estimate; a body with a
+// byte order mark was priced at the default price.)
+func TestInspectLLMRequestLenient(t *testing.T) {
+	utf16le := func(s string) string {
+		var b bytes.Buffer
+		for _, u := range utf16.Encode([]rune(s)) {
+			b.WriteByte(byte(u))
+			b.WriteByte(byte(u >> 8))
+		}
+		return b.String()
+	}
+	const chat = `{"model":"gpt-4o","stream":true,"messages":[]}`
+	for _, tc := range []struct {
+		name, body, ct string
+		result, model  string
+		forwarded      string // "" means: the body as sent
+	}{
+		{"stream on", `{"model":"gpt-4o","stream":"on","messages":[]}`, "application/json", llmUsageRequested, "gpt-4o", `{"stream_options":{"include_usage":true},"model":"gpt-4o","stream":"on","messages":[]}`},
+		{"include_usage yes", `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":"yes"}}`, "application/json", llmRead, "gpt-4o", ""},
+		{"byte order mark", "\xef\xbb\xbf" + chat, "application/json", llmUsageRequested, "gpt-4o", `{"stream_options":{"include_usage":true},"model":"gpt-4o","stream":true,"messages":[]}`},
+		{"utf-16", "\xff\xfe" + utf16le(chat), "application/json", llmNotUTF8, "", ""},
+		{"utf-16 without a mark", utf16le(chat), "", llmNotUTF8, "", ""},
+		{"a binary upload", "\x00\x01binary", "application/octet-stream", llmNotJSON, "", ""},
+		{"multipart", "--x\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\n\xef\xbb\xbfdata\r\n--x--\r\n", "multipart/form-data; boundary=x", llmNotJSON, "", ""},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(tc.body))
+		if tc.ct != "" {
+			r.Header.Set("Content-Type", tc.ct)
+		}
+		r.Header.Set("Content-Length", strconv.Itoa(len(tc.body)))
+		st := &requestState{bodyLen: -1}
+		h := &Server{}
+		if got := h.inspectLLMRequest(r, st, llm.OpenAI); got != tc.result {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.result)
+		}
+		if st.model != tc.model {
+			t.Errorf("%s: model %q, want %q", tc.name, st.model, tc.model)
+		}
+		want := tc.forwarded
+		if want == "" {
+			want = tc.body
+		}
+		if got, _ := io.ReadAll(r.Body); string(got) != want {
+			t.Errorf("%s: forwarded\n%q\nwant\n%q", tc.name, got, want)
+		}
+		if tc.forwarded != "" && (r.ContentLength != int64(len(want)) || r.Header.Get("Content-Length") != strconv.Itoa(len(want))) {
+			t.Errorf("%s: Content-Length %d, header %q, want %d", tc.name, r.ContentLength, r.Header.Get("Content-Length"), len(want))
+		}
+	}
+}
