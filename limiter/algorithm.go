@@ -72,6 +72,13 @@ func (a Algorithm) SupportsLease() bool {
 	return a != SlidingLog && a != Concurrency
 }
 
+// Refills reports whether a's buckets refill continuously (token bucket,
+// GCRA): a unit means the same whenever it was charged, so a settlement
+// may give units back at any time, and what recovery owes decays as the
+// bucket refills. A window's or log's units belong to the instant they
+// were charged at: a lower real cost leaves them charged.
+func (a Algorithm) Refills() bool { return a == TokenBucket || a == GCRA }
+
 // UsesBurst reports whether a has a capacity separate from its rate.
 func (a Algorithm) UsesBurst() bool { return a == TokenBucket || a == GCRA }
 

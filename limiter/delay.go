@@ -68,10 +68,9 @@ func refundUnits(a Algorithm, s bucketState, r Rate, cost int64) bucketState {
 }
 
 // givesBack reports whether units charged to a bucket of algorithm a can
-// be given back (Charger, negative costs): a token bucket's or GCRA's
-// units mean the same whenever they were charged. Window and log units
-// belong to the instant they were charged at.
-func givesBack(a Algorithm) bool { return a == TokenBucket || a == GCRA }
+// be given back by a charge of negative cost without its instant
+// (Charger): see Algorithm.Refills.
+func givesBack(a Algorithm) bool { return a.Refills() }
 
 // Wait is how long an admitted request waits for its turn before it
 // passes: the longest Wait of its enforced verdicts. 0 when it passes at

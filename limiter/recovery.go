@@ -160,7 +160,7 @@ type recEntry struct {
 
 // refills reports whether the recorded units of k are kept as a debt that
 // refills (owed) rather than in slots.
-func (k *recKey) refills() bool { return k.algo == TokenBucket || k.algo == GCRA }
+func (k *recKey) refills() bool { return k.algo.Refills() }
 
 func newRecEntry(rate Rate, now int64) *recEntry {
 	e := &recEntry{rate: rate}

@@ -56,7 +56,11 @@ func (h *Server) noteSettle(st *requestState, real []int64) {
 	}
 	for i, n := range real {
 		if v := &st.decision.Verdicts[i]; n >= 0 && v.Counted() && v.Result.Allowed {
-			hist.Note(st.items[i].Policy.Name, st.items[i].Tenant, n-st.items[i].Cost, 0, 0)
+			delta := n - st.items[i].Cost
+			if delta < 0 && !st.items[i].Policy.Algorithm.Refills() {
+				delta = 0 // a window keeps its up-front units (limiter.Settle)
+			}
+			hist.Note(st.items[i].Policy.Name, st.items[i].Tenant, delta, 0, 0)
 		}
 	}
 }

@@ -1,12 +1,16 @@
 package surface
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tollgate/caddy-tollgate/fleet"
+	"github.com/tollgate/caddy-tollgate/gate"
 	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
 )
 
@@ -93,6 +97,47 @@ func TestAbortedResponseOutcome(t *testing.T) {
 		}
 		if got := w.Header().Get("X-Ratelimit-Remaining"); got != "9" {
 			t.Errorf("metered %v: remaining %s after an aborted response and one more, want 9 (the aborted one's unit given back)", meter != "", got)
+		}
+	}
+}
+
+// TestHistoryOfSettlement: the usage history counts what a metered
+// request was charged: a token bucket gives a lower real cost back, a
+// fixed window keeps its up-front units (limiter.Settle). (The history
+// took the lower real cost off for both, under-reporting windows.)
+func TestHistoryOfSettlement(t *testing.T) {
+	for _, tc := range []struct {
+		algorithm string
+		want      int64
+	}{{"token_bucket", 3}, {"fixed_window", 10}} {
+		tenant := "history-" + tc.algorithm // the embedded store is the process's
+		h := provisionServer(t, `{"tenant":"{http.request.header.X-Tenant}","rate_limits":{"p":{"algorithm":"`+tc.algorithm+`","max_events":1000,"window":3600000000000,"cost":10,"cost_after":{"header":"X-Cost"}}}}`)
+		m, err := gate.OpenMemory(gate.MemoryOptions{History: &fleet.HistoryOptions{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		h.gate.Store = m
+		answer := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			w.Header().Set("X-Cost", "3")
+			w.WriteHeader(http.StatusOK)
+			return nil
+		})
+		w := httptest.NewRecorder()
+		if err := h.ServeHTTP(w, caddyreq.New(w, tenant), answer); err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		points, err := m.History().Series(context.Background(), "p", tenant, fleet.Minute, now.Add(-time.Minute), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var admitted int64
+		for _, p := range points {
+			admitted += p.Admitted
+		}
+		if admitted != tc.want {
+			t.Errorf("%s: history admitted %d units for a request of 10 up front that cost 3, want %d (what it was charged)", tc.algorithm, admitted, tc.want)
 		}
 	}
 }
