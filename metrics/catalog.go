@@ -171,7 +171,7 @@ var collectors = struct {
 		"Metered responses read on after their client went away, so that the usage at their end is charged, by event: started, completed, cut_time, cut_bytes (cut at a bound), refused (every drain slot taken: not drained).",
 		"event"),
 	llmRequests: NewCounterVec("llm_requests_total",
-		"Request bodies read for a cost_after preset (openai, anthropic), by result: read, usage_requested (stream_options.include_usage set for the client), too_large (refused with 413), not_json (passed on untouched), not_utf8 (JSON in UTF-16 or UTF-32, refused with 400), no_body.",
+		"Request bodies read for a cost_after preset (openai, anthropic), by result: read, usage_requested (stream_options.include_usage set for the client), too_large (refused with 413), not_json (passed on untouched), not_utf8 (JSON in UTF-16 or UTF-32, refused with 400), busy (the bodies held reached 256 MiB: refused with 503), no_body.",
 		"result"),
 	redisQueue: newHistogram("redis_queue_seconds",
 		"Time Redis calls waited in this instance before they were written to Redis (not counted against the Redis timeout)."),

@@ -144,7 +144,8 @@ const (
 )
 
 // LLMRequest counts a request body read for a cost_after preset, by
-// result: read, usage_requested, too_large, not_json, not_utf8, no_body.
+// result: read, usage_requested, too_large, not_json, not_utf8, busy,
+// no_body.
 func (m *Handler) LLMRequest(result string) {
 	collectors.llmRequests.WithLabelValues(result).Inc()
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -32,6 +33,38 @@ import (
 // maxLLMBody is the most of a request body read for a preset.
 const maxLLMBody = 4 << 20
 
+// maxLLMBodies bounds the bytes of the preset request bodies this process
+// holds at once, every handler's together: each body is held until its
+// request ends, so without a bound a client opening many connections
+// would make the process hold 4 MiB per connection. A request whose body
+// would take it over is refused with 503 and Retry-After: 1
+// (llm_requests_total's "busy").
+const maxLLMBodies = 256 << 20
+
+// llmBodies is the bytes of preset request bodies held (maxLLMBodies).
+var llmBodies atomic.Int64
+
+// budgetReader reads r, counting what it read in llmBodies (n); once
+// that would pass maxLLMBodies it stops with errLLMBusy.
+type budgetReader struct {
+	r io.Reader
+	n int64
+}
+
+var errLLMBusy = errors.New("request bodies of metered LLM requests take all the memory allowed them")
+
+func (b *budgetReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if n > 0 {
+		if llmBodies.Add(int64(n)) > maxLLMBodies {
+			llmBodies.Add(-int64(n))
+			return 0, errLLMBusy
+		}
+		b.n += int64(n)
+	}
+	return n, err
+}
+
 // Results of reading an LLM request (llm_requests_total's result).
 const (
 	llmRead           = "read"            // read: its model is known
@@ -39,6 +72,7 @@ const (
 	llmTooLarge       = "too_large"       // larger than maxLLMBody: refused with 413
 	llmNotJSON        = "not_json"        // not a JSON object: passed on untouched
 	llmNotUTF8        = "not_utf8"        // JSON in UTF-16 or UTF-32: refused with 400
+	llmBusy           = "busy"            // the bodies held take maxLLMBodies: refused with 503
 	llmNoBody         = "no_body"         // no body at all
 )
 
@@ -69,9 +103,11 @@ func (st *requestState) preset() llm.Provider {
 
 // readRequestBody reads r's body for the policies of st that need it:
 // for OpenAI, it asks for the usage of a streamed answer; cost_before
-// costs are taken from it. It returns an error for a model that a price
-// table of st cannot price.
-func (h *Server) readRequestBody(r *http.Request, st *requestState) error {
+// costs are taken from it. It returns the error that refuses the request
+// (w gets its Retry-After) for a body too large (413), in UTF-16 or
+// UTF-32 (400), or beyond what the process holds of such bodies (503),
+// and for a model that a price table of st cannot price (400).
+func (h *Server) readRequestBody(w http.ResponseWriter, r *http.Request, st *requestState) error {
 	result := h.inspectLLMRequest(r, st, st.preset())
 	if h.metrics != nil {
 		h.metrics.LLMRequest(result)
@@ -82,6 +118,11 @@ func (h *Server) readRequestBody(r *http.Request, st *requestState) error {
 		// usage as the client pleases (padding a body costs no tokens).
 		return caddyhttp.Error(http.StatusRequestEntityTooLarge,
 			fmt.Errorf("request body over %d bytes: a metered LLM request is read whole to be priced", maxLLMBody))
+	case llmBusy:
+		// Held until their requests end, the bodies being read would
+		// otherwise grow this process's memory without bound.
+		w.Header().Set("Retry-After", "1")
+		return caddyhttp.Error(http.StatusServiceUnavailable, errLLMBusy)
 	case llmNotUTF8:
 		// A lenient upstream would read it, model, stream and all, where
 		// Tollgate could not: it would escape its price and its usage.
@@ -138,10 +179,16 @@ func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm
 		return llmNoBody
 	}
 	orig := r.Body
-	body, err := io.ReadAll(io.LimitReader(orig, maxLLMBody+1))
+	br := &budgetReader{r: io.LimitReader(orig, maxLLMBody+1)}
+	body, err := io.ReadAll(br)
+	st.llmHeld = br.n // given back when the request ends (putRequestState)
 	// What was read goes on first, whatever happens next.
 	restore := func(b []byte) {
 		r.Body = bodyReadCloser{Reader: io.MultiReader(bytes.NewReader(b), orig), Closer: orig}
+	}
+	if errors.Is(err, errLLMBusy) {
+		restore(body)
+		return llmBusy
 	}
 	if err != nil || len(body) > maxLLMBody {
 		restore(body)
@@ -174,6 +221,8 @@ func (h *Server) inspectLLMRequest(r *http.Request, st *requestState, preset llm
 	if preset == llm.OpenAI && req.Stream && !req.IncludeUsage && llm.AsksUsage(r.URL.Path) {
 		if b, ok := llm.WithUsage(body); ok {
 			body, st.strip, result = b, true, llmUsageRequested
+			st.llmHeld += int64(len(b)) // a copy, held beside the original
+			llmBodies.Add(int64(len(b)))
 			// The usage chunk is taken out of the stream on the way
 			// back, which a compressed stream would not allow.
 			r.Header.Del("Accept-Encoding")

@@ -2,6 +2,7 @@ package surface
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"unicode/utf16"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/tollgate/caddy-tollgate/internal/caddyreq"
 	"github.com/tollgate/caddy-tollgate/internal/llm"
 )
 
@@ -68,5 +71,47 @@ func TestInspectLLMRequestLenient(t *testing.T) {
 		if tc.forwarded != "" && (r.ContentLength != int64(len(want)) || r.Header.Get("Content-Length") != strconv.Itoa(len(want))) {
 			t.Errorf("%s: Content-Length %d, header %q, want %d", tc.name, r.ContentLength, r.Header.Get("Content-Length"), len(want))
 		}
+	}
+}
+
+// TestLLMBodiesBounded: the preset request bodies the process holds are
+// bounded all together: a request whose body would take them past
+// maxLLMBodies is refused with 503 and Retry-After: 1, and every body is
+// given back when its request ends, refused or not. (Each request held up
+// to 4 MiB, with no bound on how many.)
+func TestLLMBodiesBounded(t *testing.T) {
+	h := provisionServer(t, `{"tenant":"{http.request.header.X-Tenant}","rate_limits":{"tokens":{"algorithm":"token_bucket","max_events":1000000,"window":60000000000,"cost_after":{"preset":"openai"}}}}`)
+	post := func(body string) (int, http.Header) {
+		t.Helper()
+		r := caddyreq.New(httptest.NewRecorder(), "acme")
+		r.Method, r.Body, r.ContentLength = http.MethodPost, io.NopCloser(strings.NewReader(body)), int64(len(body))
+		r.URL.Path = "/v1/chat/completions"
+		w := httptest.NewRecorder()
+		err := h.ServeHTTP(w, r, caddyreq.OK)
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			return he.StatusCode, w.Header()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.Code, w.Header()
+	}
+	body := `{"model":"gpt-4o","stream":true,"messages":[]}`
+	before := llmBodies.Load()
+	if code, _ := post(body); code != http.StatusOK {
+		t.Fatalf("status %d, want 200", code)
+	}
+	if got := llmBodies.Load(); got != before {
+		t.Errorf("bodies held %d after the request ended, want %d", got, before)
+	}
+	llmBodies.Add(maxLLMBodies - 10) // others hold nearly all
+	t.Cleanup(func() { llmBodies.Add(-(maxLLMBodies - 10)) })
+	code, hdr := post(body)
+	if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") != "1" {
+		t.Errorf("a body past the bound: status %d, Retry-After %q; want 503, 1", code, hdr.Get("Retry-After"))
+	}
+	if got := llmBodies.Load(); got != before+maxLLMBodies-10 {
+		t.Errorf("bodies held %d after the refused request, want %d", got, before+maxLLMBodies-10)
 	}
 }

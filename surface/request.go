@@ -90,6 +90,9 @@ type requestState struct {
 	// noBody: a preset's request had no body (GET /v1/models): it asks
 	// for no tokens, and its answer reports none.
 	noBody bool
+	// llmHeld is the bytes of the body counted in llmBodies (see
+	// maxLLMBodies), given back when the request ends.
+	llmHeld int64
 	// outcomes: a policy keeps or gives back units by response status
 	// (count_status, refund_status); status records that status, back
 	// which verdicts give their units back (see giveBack).
@@ -134,6 +137,10 @@ func putRequestState(s *requestState) {
 	clear(s.items)
 	clear(s.meters)
 	s.body = nil
+	if s.llmHeld != 0 {
+		llmBodies.Add(-s.llmHeld)
+		s.llmHeld = 0
+	}
 	s.decision.Reset()
 	requestStates.Put(s)
 }

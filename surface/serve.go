@@ -131,7 +131,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		return next.ServeHTTP(w, r)
 	}
 	if st.readBody {
-		if err := h.readRequestBody(r, st); err != nil {
+		if err := h.readRequestBody(w, r, st); err != nil {
 			return err
 		}
 	}
