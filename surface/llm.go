@@ -133,6 +133,10 @@ func (h *Server) readRequestBody(w http.ResponseWriter, r *http.Request, st *req
 		if m == nil || m.Prices == nil || st.noBody {
 			continue
 		}
+		if len(st.model) > llm.MaxModel {
+			return caddyhttp.Error(http.StatusBadRequest,
+				fmt.Errorf("model name of %d bytes: policy %s prices names of at most %d", len(st.model), st.policies[i].Name, llm.MaxModel))
+		}
 		if _, ok := m.Prices.Lookup(st.model); !ok {
 			return caddyhttp.Error(http.StatusBadRequest,
 				fmt.Errorf("model %q has no price in policy %s (and no default price \"*\")", st.model, st.policies[i].Name))

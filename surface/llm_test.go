@@ -115,3 +115,32 @@ func TestLLMBodiesBounded(t *testing.T) {
 		t.Errorf("bodies held %d after the refused request, want %d", got, before+maxLLMBodies-10)
 	}
 }
+
+// TestLongModelRefused: a model name longer than llm.MaxModel is refused
+// with 400 where a price table would look it up, before anything is
+// charged, rather than matched against every glob (milliseconds of CPU
+// for a megabyte-long name) or priced at the default.
+func TestLongModelRefused(t *testing.T) {
+	h := provisionServer(t, `{"tenant":"{http.request.header.X-Tenant}","rate_limits":{"dollars":{"algorithm":"token_bucket","max_events":1000000,"window":60000000000,
+		"cost_after":{"preset":"openai"},"prices":[{"model":"gpt-4o*","input":100,"output":100},{"model":"*","input":1,"output":1}]}}}`)
+	for _, tc := range []struct {
+		model string
+		want  int
+	}{{"gpt-4o" + strings.Repeat("-x", 125), http.StatusOK}, {"gpt-4o" + strings.Repeat("-x", 126), http.StatusBadRequest}} {
+		body := `{"model":"` + tc.model + `","messages":[]}`
+		r := caddyreq.New(httptest.NewRecorder(), "long-model")
+		r.Method, r.Body, r.ContentLength = http.MethodPost, io.NopCloser(strings.NewReader(body)), int64(len(body))
+		r.URL.Path = "/v1/chat/completions"
+		w := httptest.NewRecorder()
+		code := http.StatusOK
+		var he caddyhttp.HandlerError
+		if err := h.ServeHTTP(w, r, caddyreq.OK); errors.As(err, &he) {
+			code = he.StatusCode
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != tc.want {
+			t.Errorf("a model name of %d bytes: status %d, want %d", len(tc.model), code, tc.want)
+		}
+	}
+}

@@ -257,6 +257,15 @@ func TestPrices(t *testing.T) {
 	if _, ok := NewPrices([]PriceEntry{{"gpt-*", Price{}}}).Lookup("claude"); ok {
 		t.Error("no default: an unknown model has a price")
 	}
+	// A name longer than MaxModel is not looked up, not even for the
+	// default: a megabyte of '-mini-2024-07-1' took 30 ms per glob.
+	long := "gpt-4o" + strings.Repeat("-mini-2024-07-1", (4<<20)/15)
+	if got, ok := table.Lookup(long); ok {
+		t.Errorf("a %d-byte model name: priced %+v", len(long), got)
+	}
+	if _, ok := table.Lookup("gpt-4o" + strings.Repeat("x", MaxModel-6)); !ok {
+		t.Errorf("a model name of MaxModel bytes is not priced")
+	}
 	p := Price{Input: 2500, Output: 10000, Cached: 1250}
 	if got, want := p.Cost(Tokens{Input: 1000, Output: 200, Cached: 600}), int64(400*2500+600*1250+200*10000); got != want {
 		t.Errorf("Cost: %d, want %d", got, want)

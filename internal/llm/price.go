@@ -46,10 +46,16 @@ func NewPrices(entries []PriceEntry) *Prices {
 	return &Prices{entries: entries}
 }
 
+// MaxModel is the longest model name a price table looks up: the APIs'
+// names (fine-tuned ones included) are far shorter, and matching a
+// client's megabyte-long name against every glob would cost the gateway
+// milliseconds of CPU per request.
+const MaxModel = 256
+
 // Lookup returns the price of model; ok is false when no entry applies
-// (or t is nil: no table).
+// (or t is nil: no table), and for a model name longer than MaxModel.
 func (t *Prices) Lookup(model string) (p Price, ok bool) {
-	if t == nil {
+	if t == nil || len(model) > MaxModel {
 		return Price{}, false
 	}
 	for _, e := range t.entries {
