@@ -357,8 +357,8 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	// Entries store the tenant cut as in logs.
-	want := gate.Loggable(tenant)
+	// Entries store the tenant cut as in logs, with its digest when cut.
+	want, id := gate.DenialTenant(tenant)
 	seen := map[*fleet.DenialStream]bool{}
 	out := []map[string]any{}
 	for _, h := range gate.Gates() {
@@ -367,7 +367,7 @@ func (adminAPI) denials(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		seen[ds] = true
-		entries, err := ds.Recent(r.Context(), want, count-len(out), maxDenialsScanned)
+		entries, err := ds.Recent(r.Context(), want, id, count-len(out), maxDenialsScanned)
 		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "reading the denial stream: %v", err)
 		}

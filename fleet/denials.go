@@ -76,8 +76,10 @@ type Denial struct {
 	// clock).
 	TS int64
 	// Tenant and Policy say who was denied by what; Key is the partition
-	// (empty unless the operator asked for keys in logs).
-	Tenant, Policy, Key string
+	// (empty unless the operator asked for keys in logs). TenantID is the
+	// tenant's digest when Tenant was cut to 128 bytes (written as
+	// tenant_id; see Recent).
+	Tenant, TenantID, Policy, Key string
 	// Limit is the limit in force; RetryAfter the Retry-After sent, in
 	// seconds.
 	Limit, RetryAfter int64
@@ -296,6 +298,9 @@ func (s *DenialStream) write(ctx context.Context, batch []Denial) error {
 			"ts", strconv.FormatInt(e.TS, 10),
 			"tenant", e.Tenant,
 			"policy", e.Policy)
+		if e.TenantID != "" {
+			values = append(values, "tenant_id", e.TenantID)
+		}
 		if e.Key != "" {
 			values = append(values, "key", e.Key)
 		}
@@ -348,10 +353,13 @@ func (s *DenialStream) Key() string { return s.key }
 // recentPage is how many entries Recent reads per round trip.
 const recentPage = 1000
 
-// Recent returns up to n entries of tenant (as stored) from the stream,
-// newest first, each with its stream id as "id", reading at most
-// maxScanned entries.
-func (s *DenialStream) Recent(ctx context.Context, tenant string, n, maxScanned int) ([]map[string]any, error) {
+// Recent returns up to n entries of a tenant from the stream, newest
+// first, each with its stream id as "id", reading at most maxScanned
+// entries. The tenant is given as the stream records it (tenant, id: see
+// Denial): an entry matches by its tenant_id when id is set, else by its
+// tenant field when it has no tenant_id (two tenants cut to the same 128
+// bytes are told apart by their ids).
+func (s *DenialStream) Recent(ctx context.Context, tenant, id string, n, maxScanned int) ([]map[string]any, error) {
 	var out []map[string]any
 	end := "+"
 	for scanned := 0; scanned < maxScanned && len(out) < n; {
@@ -360,7 +368,8 @@ func (s *DenialStream) Recent(ctx context.Context, tenant string, n, maxScanned 
 			return nil, err
 		}
 		for _, m := range page {
-			if m.Values["tenant"] == tenant {
+			got, cut := m.Values["tenant_id"]
+			if (id != "" && got == id) || (id == "" && !cut && m.Values["tenant"] == tenant) {
 				e := map[string]any{"id": m.ID}
 				for k, v := range m.Values {
 					e[k] = v

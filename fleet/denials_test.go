@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,7 +161,7 @@ func TestDenialStreamRecent(t *testing.T) {
 	}
 	waitFor(t, func() bool { return entriesAdded(t, c, "rec:denials") == 2500 })
 	s.close()
-	got, err := s.Recent(context.Background(), "acme", 3, 20000)
+	got, err := s.Recent(context.Background(), "acme", "", 3, 20000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,8 +172,41 @@ func TestDenialStreamRecent(t *testing.T) {
 	if fmt.Sprint(ts) != "[2499 2000 1000]" {
 		t.Errorf("recent ts %v, want [2499 2000 1000] (newest first, 3 of 4)", ts)
 	}
-	if got, _ := s.Recent(context.Background(), "acme", 10, 1000); len(got) != 2 {
+	if got, _ := s.Recent(context.Background(), "acme", "", 10, 1000); len(got) != 2 {
 		t.Errorf("scanning 1000 entries found %d, want 2 (2499 and 2000)", len(got))
+	}
+}
+
+// TestDenialStreamRecentByID: two tenants whose names were cut to the
+// same 128 bytes are told apart by their tenant_id, and a tenant whose
+// name was not cut never matches an entry that has one. (Both long
+// tenants saw each other's denials.)
+func TestDenialStreamRecentByID(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	c := srv.Client(t)
+	var drops dropCounter
+	s := newTestStream(c, "ids", time.Second, nil, &drops)
+	s.Acquire(100)
+	cut := strings.Repeat("p", 128) + "...(200 bytes)"
+	s.Add(Denial{TS: 1, Tenant: cut, TenantID: "#victim", Policy: "api"})
+	s.Add(Denial{TS: 2, Tenant: cut, TenantID: "#other", Policy: "api"})
+	s.Add(Denial{TS: 3, Tenant: "acme", Policy: "api"})
+	waitFor(t, func() bool { return entriesAdded(t, c, "ids:denials") == 3 })
+	s.close()
+	for _, tc := range []struct {
+		tenant, id, want string
+	}{{cut, "#other", "[2]"}, {cut, "#victim", "[1]"}, {cut, "", "[]"}, {"acme", "", "[3]"}} {
+		got, err := s.Recent(context.Background(), tc.tenant, tc.id, 10, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := []string{}
+		for _, e := range got {
+			ts = append(ts, e["ts"].(string))
+		}
+		if fmt.Sprint(ts) != tc.want {
+			t.Errorf("Recent(%.12q..., %q): ts %v, want %s", tc.tenant, tc.id, ts, tc.want)
+		}
 	}
 }
 

@@ -71,6 +71,11 @@ const (
 // errNoTenant is the 401 of a request that resolves to no tenant.
 var errNoTenant = errors.New("no tenant: this request is not authenticated as a tenant of any rate limit")
 
+// errManyTenants is the 409 of a request that the rate limits' tenant
+// templates resolve to different tenants, on a page without a tenant of
+// its own.
+var errManyTenants = errors.New("this request resolves to different tenants in different rate limits: set tenant on rate_limit_usage to say which is the caller's")
+
 // build makes the view of r's tenant: the policies of the live
 // rate_limit handlers (the newest handler of each policy name: during a
 // reload the old config's are still registered).
@@ -87,6 +92,7 @@ func (h *Handler) build(r *http.Request, repl *caddy.Replacer) (*View, int, erro
 	// tenant, which has no view of its own).
 	sent, tenant := "", ""
 	seen := map[string]bool{}
+	shownPolicies := map[string]bool{}
 	var streams []*gate.Gate
 	gates := gate.Gates()
 	for i := len(gates) - 1; i >= 0; i-- {
@@ -99,8 +105,16 @@ func (h *Handler) build(r *http.Request, repl *caddy.Replacer) (*View, int, erro
 			continue
 		}
 		t := repl.ReplaceAll(tmpl, "")
-		if t == "" || (sent != "" && t != sent) {
+		if t == "" {
 			continue
+		}
+		if sent != "" && t != sent {
+			// Without a tenant of its own, the page takes the caller's
+			// tenant from the handlers' templates; two that resolve this
+			// request to different tenants leave it unsaid which is the
+			// caller's (a header one of them reads may be the client's
+			// to set), so neither is shown.
+			return nil, http.StatusConflict, errManyTenants
 		}
 		sent, tenant = t, limiter.TenantOf(t)
 		shown := false
@@ -114,6 +128,7 @@ func (h *Handler) build(r *http.Request, repl *caddy.Replacer) (*View, int, erro
 				return nil, status, err
 			}
 			v.Policies = append(v.Policies, pv)
+			shownPolicies[p.Name] = true
 			shown = true
 		}
 		if shown {
@@ -127,7 +142,7 @@ func (h *Handler) build(r *http.Request, repl *caddy.Replacer) (*View, int, erro
 		return nil, http.StatusNotFound, fmt.Errorf("policy %q: no such policy applies to you", only)
 	}
 	v.Tenant = gate.Loggable(sent)
-	v.Denials, v.DenialsKept = denials(ctx, streams, tenant)
+	v.Denials, v.DenialsKept = denials(ctx, streams, tenant, shownPolicies)
 	return v, http.StatusOK, nil
 }
 
@@ -202,21 +217,31 @@ func why(source, tier string, l limiter.Limit) string {
 }
 
 // denials are the tenant's last denials, from the denial streams of the
-// handlers shown (each stream once), newest first.
-func denials(ctx context.Context, gs []*gate.Gate, tenant string) ([]Denial, bool) {
+// handlers shown (each stream once), newest first, of the policies shown.
+func denials(ctx context.Context, gs []*gate.Gate, tenant string, shown map[string]bool) ([]Denial, bool) {
 	out := []Denial{}
 	seen := map[any]bool{}
+	if tenant == "" {
+		// The tenant of a literal "_anonymous" (limiter.TenantOf), which
+		// handlers without a tenant write too, for a key not logged: not
+		// this caller's to read.
+		return out, false
+	}
+	field, id := gate.DenialTenant(tenant)
 	for _, g := range gs {
 		ds := g.Store.Denials()
 		if ds == nil || seen[ds] {
 			continue
 		}
 		seen[ds] = true
-		entries, err := ds.Recent(ctx, gate.Loggable(tenant), maxDenials-len(out), maxDenialsScanned)
+		entries, err := ds.Recent(ctx, field, id, maxDenials-len(out), maxDenialsScanned)
 		if err != nil {
 			continue // the rest of the page is still worth showing
 		}
 		for _, e := range entries {
+			if !shown[str(e["policy"])] {
+				continue // a policy the page does not show
+			}
 			d := Denial{Policy: str(e["policy"]), Reason: str(e["reason"])}
 			if ms, err := strconv.ParseInt(str(e["ts"]), 10, 64); err == nil {
 				d.At = time.UnixMilli(ms).UTC().Format(time.RFC3339)

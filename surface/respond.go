@@ -299,12 +299,12 @@ func (h *Server) recordDenial(ds *fleet.DenialStream, p *policyRuntime, it *limi
 	}
 	switch {
 	case h.Tenant != "":
-		e.Tenant = gate.Loggable(it.Tenant)
+		e.Tenant, e.TenantID = gate.DenialTenant(it.Tenant)
 		if h.LogKey {
 			e.Key = gate.Loggable(it.Part)
 		}
 	case h.LogKey:
-		e.Tenant = gate.Loggable(it.Tenant)
+		e.Tenant, e.TenantID = gate.DenialTenant(it.Tenant)
 	}
 	ds.Add(e)
 }
