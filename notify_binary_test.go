@@ -74,6 +74,7 @@ const notifyFleetCaddyfile = `{
 			secret {env.TOLLGATE_TEST_SECRET}
 			events near_limit 0.5 0.9 exceeded override
 			allow_private
+			allow_private_tenants
 		}
 		policy api {
 			algorithm fixed_window

@@ -250,3 +250,42 @@ func TestNearLimitBoundary(t *testing.T) {
 		}
 	}
 }
+
+// TestNotifyTenantURLNotPrivate: allow_private lets the operator's
+// receiver be inside the network, not a tenant's own URL (a runtime
+// override's notify_url): a tenant whose URL is a loopback address gets
+// nothing sent there unless allow_private_tenants; with it, it does.
+// (The tenant's URL inherited allow_private: anyone who could set one
+// reached internal services.)
+func TestNotifyTenantURLNotPrivate(t *testing.T) {
+	for extra, want := range map[string]int{"": 0, "allow_private_tenants": 1} {
+		t.Run("with "+extra, func(t *testing.T) {
+			operator, internal := &hookReceiver{secret: "s"}, &hookReceiver{secret: "s"}
+			hook, internalURL := "http://"+newHTTPServer(t, operator), "http://"+newHTTPServer(t, internal)+"/admin/internal"
+			site := notifySite("", "tenant {http.request.header.X-Tenant}", hook, "exceeded", `policy nt_p {
+			limit 1
+			window 1h
+		}`)
+			if extra != "" {
+				site = strings.Replace(site, "allow_private\n", "allow_private\n\t\t\t"+extra+"\n", 1)
+			}
+			s := startCaddyAdmin(t, "", site, nil)
+			s.adminOK("PUT", "/rate_limit/overrides", `{"tenant":"nt_tenant","policy":"nt_p","notify_url":"`+internalURL+`"}`)
+			s.get("/", "X-Tenant", "nt_tenant")
+			if r := s.get("/", "X-Tenant", "nt_tenant"); r.status != http.StatusTooManyRequests {
+				t.Fatalf("second request %d, want 429", r.status)
+			}
+			if want > 0 {
+				waitFor(t, func() bool { return len(internal.ofType("exceeded")) >= want })
+			} else {
+				time.Sleep(500 * time.Millisecond) // a delivery would have come by now
+			}
+			if got := len(internal.ofType("exceeded")); got != want {
+				t.Errorf("the tenant's loopback URL got %d exceeded events, want %d", got, want)
+			}
+			if got := len(operator.ofType("exceeded")); got != 0 {
+				t.Errorf("the operator's receiver got %d of the tenant's events, want 0", got)
+			}
+		})
+	}
+}

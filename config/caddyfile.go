@@ -59,7 +59,7 @@ import (
 //		distributed [{ read_interval <d>  write_interval <d>  purge_age <d> }]
 //		storage <module...>
 //		history off | history <minute_retention> <hour_retention>
-//		notify { url <url>; secret <value>; events ...; allow_private; timeout <d> }
+//		notify { url <url>; secret <value>; events ...; allow_private; allow_private_tenants; timeout <d> }
 //		protect { min <n>; max <n>; target_wait <d>; weight <tier> <n>; priority <placeholder>; ... }
 //
 //		policy <name> {            # alias: zone

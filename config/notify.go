@@ -36,6 +36,12 @@ type NotifyConfig struct {
 	// Permit a URL on a private network (a receiver inside the cluster).
 	AllowPrivate bool `json:"allow_private,omitempty"`
 
+	// Permit a tenant's own URL (a runtime override's notify_url) on a
+	// private network too. Off by default, whatever allow_private says: a
+	// tenant chooses its URL, and a private one would let it reach
+	// services inside your network.
+	AllowPrivateTenants bool `json:"allow_private_tenants,omitempty"`
+
 	// How long one delivery attempt may take. Default 5s; at most 1m.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 }
@@ -44,7 +50,7 @@ type NotifyConfig struct {
 var NotifyEvents = []string{"near_limit", "exceeded", "penalty", "fail_mode", "override"}
 
 // notifyForm is the Caddyfile form of notify.
-const notifyForm = "notify { url <url>; secret <value>; events <event> [<fraction>...]...; allow_private; timeout <duration> }"
+const notifyForm = "notify { url <url>; secret <value>; events <event> [<fraction>...]...; allow_private; allow_private_tenants; timeout <duration> }"
 
 // notifyBlock lists the subdirectives of `notify { ... }`.
 var notifyBlock = block[*NotifyConfig]{
@@ -78,6 +84,10 @@ var notifyBlock = block[*NotifyConfig]{
 	}},
 	{name: "allow_private", usage: "allow_private", field: "allow_private", parse: func(p cfParser, c *NotifyConfig) error {
 		c.AllowPrivate = true
+		return p.flag()
+	}},
+	{name: "allow_private_tenants", usage: "allow_private_tenants", field: "allow_private_tenants", parse: func(p cfParser, c *NotifyConfig) error {
+		c.AllowPrivateTenants = true
 		return p.flag()
 	}},
 	{name: "timeout", usage: "timeout <duration>", field: "timeout", parse: func(p cfParser, c *NotifyConfig) (err error) {

@@ -376,18 +376,52 @@ func (n *Notifier) post(dst Destination, ev Event, body []byte) error {
 }
 
 // PublicAddr reports whether a may be dialed without allow_private: not
-// loopback, private, link-local, multicast, unspecified, nor shared (CGNAT).
+// loopback, private, link-local, multicast, unspecified, shared (CGNAT),
+// "this network", benchmarking, IETF protocol assignments, broadcast,
+// nor IPv6 site-local; and an IPv6 address that carries an IPv4 one
+// (IPv4-mapped or -compatible, NAT64, 6to4) is judged by that one, so
+// 64:ff9b::a9fe:a9fe does not reach 169.254.169.254 through a NAT64
+// gateway.
 func PublicAddr(a netip.Addr) bool {
 	a = a.Unmap()
+	if a.Is6() {
+		b := a.As16()
+		switch {
+		case nat64.Contains(a), v4compat.Contains(a) && a != netip.IPv6Unspecified():
+			return PublicAddr(netip.AddrFrom4([4]byte(b[12:16])))
+		case sixToFour.Contains(a):
+			return PublicAddr(netip.AddrFrom4([4]byte(b[2:6])))
+		case siteLocal.Contains(a):
+			return false
+		}
+	}
 	switch {
 	case a.IsLoopback(), a.IsPrivate(), a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast(),
 		a.IsInterfaceLocalMulticast(), a.IsMulticast(), a.IsUnspecified():
 		return false
-	case a.Is4() && netip.MustParsePrefix("100.64.0.0/10").Contains(a):
-		return false
+	}
+	for _, p := range notPublic4 {
+		if p.Contains(a) {
+			return false
+		}
 	}
 	return true
 }
+
+// The ranges PublicAddr refuses beyond netip's predicates.
+var (
+	notPublic4 = []netip.Prefix{
+		netip.MustParsePrefix("0.0.0.0/8"),          // this network
+		netip.MustParsePrefix("100.64.0.0/10"),      // shared (CGNAT)
+		netip.MustParsePrefix("192.0.0.0/24"),       // IETF protocol assignments
+		netip.MustParsePrefix("198.18.0.0/15"),      // benchmarking
+		netip.MustParsePrefix("255.255.255.255/32"), // broadcast
+	}
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	v4compat  = netip.MustParsePrefix("::/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+	siteLocal = netip.MustParsePrefix("fec0::/10")
+)
 
 // Sign is the v1 signature of body sent at t (Unix seconds, as text):
 // hex(HMAC-SHA256(secret, t + "." + body)).

@@ -47,6 +47,12 @@ func TestPublicAddr(t *testing.T) {
 		"127.0.0.1": false, "10.1.2.3": false, "192.168.0.1": false, "172.16.5.4": false, "169.254.169.254": false,
 		"100.64.0.1": false, "0.0.0.0": false, "::1": false, "fe80::1": false, "fc00::1": false, "::ffff:127.0.0.1": false,
 		"224.0.0.1": false, "93.184.216.34": true, "2606:4700::1111": true, "8.8.8.8": true,
+		// IPv6 addresses that carry an IPv4 one are judged by it.
+		"64:ff9b::a9fe:a9fe": false, "64:ff9b::7f00:1": false, "64:ff9b::808:808": true,
+		"::7f00:1": false, "::808:808": true, "2002:a9fe:a9fe::1": false, "2002:808:808::1": true,
+		// Ranges netip does not call private.
+		"fec0::1": false, "0.0.0.1": false, "198.18.0.1": false, "192.0.0.170": false, "255.255.255.255": false,
+		"198.20.0.1": true, "192.0.1.1": true,
 	} {
 		if got := PublicAddr(netip.MustParseAddr(addr)); got != public {
 			t.Errorf("PublicAddr(%s) = %v, want %v", addr, got, public)

@@ -160,11 +160,14 @@ func (h *Server) eventTenant(it *limiter.Item) string {
 }
 
 // destinationOf is where p's events of tenant go: the tenant's own URL,
-// from a runtime override (notify_url), else the policy's.
+// from a runtime override (notify_url), else the policy's. A tenant's URL
+// reaches a private address only with allow_private_tenants:
+// allow_private vouches for the operator's receiver, not for a URL the
+// tenant chose.
 func (h *Server) destinationOf(p *policyRuntime, tenant string) fleet.Destination {
 	dst := p.notify.dst
 	if u := h.gate.Store.Overrides().Table().NotifyURL(p.Engine, tenant); u != "" {
-		dst.URL = u
+		dst.URL, dst.AllowPrivate = u, p.notify.cfg.AllowPrivateTenants
 	}
 	return dst
 }
