@@ -285,7 +285,9 @@ func (n *Notifier) run(s *sender) {
 			if q.once != "" && !n.claim(q.once, q.end) {
 				continue // another instance sent it
 			}
-			n.deliver(s.dst, q.ev)
+			if !n.deliver(s.dst, q.ev) && q.once != "" {
+				n.unclaim(q.once)
+			}
 		}
 	}
 }
@@ -311,25 +313,48 @@ func (n *Notifier) claim(key string, end time.Time) bool {
 	return ok
 }
 
-// deliver tries ev on dst up to Attempts times.
-func (n *Notifier) deliver(dst Destination, ev Event) {
+// unclaimScript deletes a once marker if it is still this instance's.
+var unclaimScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// unclaim forgets the event named key, given up after its last attempt
+// (or cut short by Close): in this instance's table and, when this
+// instance set it, the fleet's marker, so that the next time the event
+// happens in its period an instance sends it, instead of none for the
+// rest of the period (a month, for a monthly quota).
+func (n *Notifier) unclaim(key string) {
+	n.firedMu.Lock()
+	delete(n.fired, key)
+	n.firedMu.Unlock()
+	if n.opts.Client == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.opts.Timeout)
+	defer cancel()
+	if err := unclaimScript.Run(ctx, n.opts.Client, []string{n.opts.Prefix + ":notified:" + key}, n.opts.Instance).Err(); err != nil {
+		n.opts.Logger.Debug("notify: clearing the once marker of an event given up failed", zap.Error(err))
+	}
+}
+
+// deliver tries ev on dst up to Attempts times, and reports whether it
+// was delivered.
+func (n *Notifier) deliver(dst Destination, ev Event) bool {
 	body, err := json.Marshal(ev)
 	if err != nil {
 		n.observe(ev.Type, "failed")
-		return
+		return false
 	}
 	wait := n.opts.Backoff
 	for attempt := 1; ; attempt++ {
 		err := n.post(dst, ev, body)
 		if err == nil {
 			n.observe(ev.Type, "sent")
-			return
+			return true
 		}
 		if attempt >= n.opts.Attempts || n.ctx.Err() != nil {
 			n.observe(ev.Type, "failed")
 			n.opts.Logger.Warn("notify: giving up on an event", zap.String("event", ev.Type), zap.String("url", dst.URL),
 				zap.Int("attempts", attempt), zap.Error(err))
-			return
+			return false
 		}
 		n.observe(ev.Type, "retried")
 		// Full jitter: anywhere up to the backoff, so a fleet does not
@@ -339,7 +364,7 @@ func (n *Notifier) deliver(dst Destination, ev Event) {
 		case <-n.ctx.Done():
 			t.Stop()
 			n.observe(ev.Type, "failed")
-			return
+			return false
 		case <-t.C:
 		}
 		wait = min(2*wait, time.Minute)

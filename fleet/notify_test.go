@@ -247,3 +247,44 @@ func TestNotifierOnceFleet(t *testing.T) {
 		t.Error("Once")
 	}
 }
+
+// TestNotifyGivenUpIsUnclaimed: an event given up after its last attempt
+// leaves no mark: the fleet's marker is deleted (if still this
+// instance's) and the instance's own table forgets it, so the next time
+// the event happens in its period it is sent, by another instance or
+// this one. (The marker stayed for the rest of the period: a receiver
+// down for seconds lost a monthly quota's event for the month.)
+func TestNotifyGivenUpIsUnclaimed(t *testing.T) {
+	srv := redistest.StartStandalone(t, redistest.Options{})
+	c := srv.Client(t)
+	rc := &receiver{secret: "s", fail: 2, status: http.StatusServiceUnavailable}
+	ts := httptest.NewServer(rc)
+	defer ts.Close()
+	dst := Destination{URL: ts.URL, Secret: "s", AllowPrivate: true}
+	const key = "{acme}:api:near_limit:0.8:0"
+	end := time.Now().Add(time.Hour)
+	a := NewNotifier(NotifyOptions{Client: c, Prefix: "un", Instance: "a", Attempts: 2, Backoff: 10 * time.Millisecond})
+	if !a.Once(key, end) {
+		t.Fatal("a new event is not new")
+	}
+	a.Send(dst, Event{Type: "near_limit", Tenant: "acme"}, key, end)
+	waitFor(t, func() bool { rc.mu.Lock(); defer rc.mu.Unlock(); return rc.attempts == 2 })
+	waitFor(t, func() bool { return c.Exists(context.Background(), "un:notified:"+key).Val() == 0 })
+	if !a.Once(key, end) {
+		t.Error("the instance that gave the event up still counts it as sent")
+	}
+	a.Close()
+	// Another instance sends it, the receiver being back.
+	b := NewNotifier(NotifyOptions{Client: c, Prefix: "un", Instance: "b", Attempts: 2, Backoff: 10 * time.Millisecond})
+	defer b.Close()
+	b.Send(dst, Event{Type: "near_limit", Tenant: "acme"}, key, end)
+	waitFor(t, func() bool { rc.mu.Lock(); defer rc.mu.Unlock(); return len(rc.events) == 1 })
+	// A marker another instance holds is left alone.
+	c.Set(context.Background(), "un:notified:other", "b", time.Hour)
+	a2 := NewNotifier(NotifyOptions{Client: c, Prefix: "un", Instance: "a"})
+	a2.unclaim("other")
+	a2.Close()
+	if c.Get(context.Background(), "un:notified:other").Val() != "b" {
+		t.Error("unclaim deleted another instance's marker")
+	}
+}
