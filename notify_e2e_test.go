@@ -289,3 +289,32 @@ func TestNotifyTenantURLNotPrivate(t *testing.T) {
 		})
 	}
 }
+
+// TestNotifyEmbeddedReload: on the embedded store, a config reload does
+// not send again the events the config before it sent this period (the
+// table of events fired is the process's, like the store). (Every reload
+// sent them again, each with a new id.)
+func TestNotifyEmbeddedReload(t *testing.T) {
+	rc := &hookReceiver{secret: "s"}
+	hook := "http://" + newHTTPServer(t, rc)
+	site := func(body string) string {
+		return strings.Replace(notifySite("", "tenant {http.request.header.X-Tenant}", hook, "near_limit 0.5 exceeded", `policy rl_n {
+			limit 10
+			window 1h
+		}`), `respond "ok"`, `respond "`+body+`"`, 1)
+	}
+	if now := time.Now(); now.Minute() == 59 && now.Second() > 40 {
+		sleepUntil(now.Truncate(time.Hour).Add(time.Hour + time.Second))
+	}
+	s := startCaddy(t, "", site("ok"), nil)
+	for range 6 {
+		s.get("/", "X-Tenant", "rl_reload")
+	}
+	waitFor(t, func() bool { return len(rc.ofType("near_limit")) >= 1 })
+	s.load("", site("ok2"), nil) // any reload: a changed route, a new site...
+	s.get("/", "X-Tenant", "rl_reload")
+	time.Sleep(500 * time.Millisecond) // a second delivery would have come by now
+	if got := rc.ofType("near_limit"); len(got) != 1 {
+		t.Errorf("near_limit sent %d times for one tenant, threshold and period, across a reload; want 1", len(got))
+	}
+}

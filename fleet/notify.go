@@ -109,6 +109,9 @@ type NotifyOptions struct {
 	// dropped (a full queue, or the notifier closing).
 	Observe func(event, result string)
 	Logger  *zap.Logger
+	// Fired, when not nil, is the table of events already fired that
+	// the Notifier shares (see OnceTable); nil: a table of its own.
+	Fired *OnceTable
 }
 
 // notifyQueue bounds each destination's queue; notifyOnceKeep bounds the
@@ -126,10 +129,8 @@ type Notifier struct {
 	opts NotifyOptions
 	// client may dial any address; public refuses private ones.
 	client, public *http.Client
-	// fired: once-keys already enqueued or sent, to the end of their
-	// period (Unix ns).
-	firedMu sync.Mutex
-	fired   map[string]int64
+	// fired: the events already enqueued or sent.
+	fired *OnceTable
 
 	mu      sync.Mutex
 	senders map[Destination]*sender
@@ -154,7 +155,10 @@ func NewNotifier(o NotifyOptions) *Notifier {
 		o.Logger = zap.NewNop()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Notifier{opts: o, fired: map[string]int64{}, senders: map[Destination]*sender{}, ctx: ctx, cancel: cancel,
+	if o.Fired == nil {
+		o.Fired = NewOnceTable()
+	}
+	return &Notifier{opts: o, fired: o.Fired, senders: map[Destination]*sender{}, ctx: ctx, cancel: cancel,
 		client: webhookClient(&net.Dialer{Timeout: o.Timeout}),
 		public: webhookClient(&net.Dialer{Timeout: o.Timeout, Control: refusePrivate})}
 }
@@ -188,22 +192,55 @@ var ErrPrivateTarget = errors.New("notify: private address")
 // Once reports whether the event named key, of the period that ends at
 // end, is new on this instance (and marks it): the request path calls it
 // before building an event, so a repeated event costs one map lookup.
-func (n *Notifier) Once(key string, end time.Time) bool {
+func (n *Notifier) Once(key string, end time.Time) bool { return n.fired.Once(key, end) }
+
+// OnceTable is the events a process fired, each until the end of its
+// period (Unix ns), at most notifyOnceKeep of them. A Notifier has one of
+// its own, which is enough with Redis (the fleet's marker says what was
+// sent, across reloads too); without Redis, the handlers of every config
+// share one (gate), so a reload does not send again what the config
+// before it sent.
+type OnceTable struct {
+	mu    sync.Mutex
+	fired map[string]int64
+}
+
+// NewOnceTable returns an empty table.
+func NewOnceTable() *OnceTable { return &OnceTable{fired: map[string]int64{}} }
+
+// Once reports whether the event named key, of the period that ends at
+// end, is new (and marks it).
+func (t *OnceTable) Once(key string, end time.Time) bool {
 	now := time.Now().UnixNano()
-	n.firedMu.Lock()
-	defer n.firedMu.Unlock()
-	if until, ok := n.fired[key]; ok && until > now {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if until, ok := t.fired[key]; ok && until > now {
 		return false
 	}
-	if len(n.fired) >= notifyOnceKeep {
-		for k, until := range n.fired {
-			if until <= now || len(n.fired) >= notifyOnceKeep {
-				delete(n.fired, k)
-			}
+	if len(t.fired) >= notifyOnceKeep {
+		t.makeRoom(now)
+	}
+	t.fired[key] = end.UnixNano()
+	return true
+}
+
+// makeRoom deletes the events whose period ended and, while more than
+// nine tenths of the bound are left, others (in map order: at random), so
+// that the next tenth of the bound of new events is noted without a scan
+// (a scan per event of a full table was 2 ms under the lock).
+func (t *OnceTable) makeRoom(now int64) {
+	for k, until := range t.fired {
+		if until <= now || len(t.fired) > notifyOnceKeep*9/10 {
+			delete(t.fired, k)
 		}
 	}
-	n.fired[key] = end.UnixNano()
-	return true
+}
+
+// Forget forgets the event named key.
+func (t *OnceTable) Forget(key string) {
+	t.mu.Lock()
+	delete(t.fired, key)
+	t.mu.Unlock()
 }
 
 // Send queues ev for dst. With once set, ev is sent only if no instance
@@ -322,9 +359,7 @@ var unclaimScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] th
 // happens in its period an instance sends it, instead of none for the
 // rest of the period (a month, for a monthly quota).
 func (n *Notifier) unclaim(key string) {
-	n.firedMu.Lock()
-	delete(n.fired, key)
-	n.firedMu.Unlock()
+	n.fired.Forget(key)
 	if n.opts.Client == nil {
 		return
 	}

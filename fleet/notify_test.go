@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -286,5 +287,32 @@ func TestNotifyGivenUpIsUnclaimed(t *testing.T) {
 	a2.Close()
 	if c.Get(context.Background(), "un:notified:other").Val() != "b" {
 		t.Error("unclaim deleted another instance's marker")
+	}
+}
+
+// TestOnceTableBound: a full table of events not yet ended makes room
+// for a tenth of its bound at once (so not every new event scans it),
+// keeps at most its bound, and still answers for the events it kept.
+func TestOnceTableBound(t *testing.T) {
+	tb := NewOnceTable()
+	end := time.Now().Add(time.Hour)
+	for i := range notifyOnceKeep {
+		tb.Once(strconv.Itoa(i), end)
+	}
+	if len(tb.fired) != notifyOnceKeep {
+		t.Fatalf("%d events kept, want %d", len(tb.fired), notifyOnceKeep)
+	}
+	tb.Once("new", end)
+	if n := len(tb.fired); n != notifyOnceKeep*9/10+1 {
+		t.Fatalf("%d events kept after making room, want %d", n, notifyOnceKeep*9/10+1)
+	}
+	if tb.Once("new", end) {
+		t.Error("an event just noted is new again")
+	}
+	for i := range notifyOnceKeep / 10 {
+		tb.Once("more"+strconv.Itoa(i), end)
+	}
+	if n := len(tb.fired); n > notifyOnceKeep {
+		t.Errorf("%d events kept, over the bound %d", n, notifyOnceKeep)
 	}
 }

@@ -57,6 +57,7 @@ func OpenMemory(o MemoryOptions) (*Memory, error) {
 		if n.Instance == "" {
 			n.Instance, _ = os.Hostname()
 		}
+		n.Fired = embeddedFired // what the config before this one sent
 		m.notifier = fleet.NewNotifier(n)
 	}
 	return m, nil

@@ -72,3 +72,9 @@ var memoryNearLimit = fleet.NewNearLimitBoard()
 // memoryPenalties holds the penalty boxes of handlers on the embedded
 // store: process-wide, so boxes survive config reloads; lost on restart.
 var memoryPenalties = &limiter.LocalPenalties{PenaltyTable: limiter.NewPenaltyTable(0)}
+
+// embeddedFired is the webhook events handlers on the embedded store
+// fired: process-wide, so a config reload does not send again what the
+// config before it sent this period (with Redis, the fleet's markers say
+// so); lost on restart.
+var embeddedFired = fleet.NewOnceTable()
