@@ -143,6 +143,14 @@ func TestPortal(t *testing.T) {
 	if got := fmtJSON(top["tenants"]); !strings.HasPrefix(got, `[{"admitted":10,"tenant":"pt_alice"},{"admitted":3,"tenant":"pt_bob"}`) {
 		t.Errorf("top: %s", got)
 	}
+	// A range under an hour is the current hour: top counts whole hours.
+	// (It was a 400 once the current minute was past the range.)
+	for _, rng := range []string{"10m", "59m"} {
+		top := s.adminOK("GET", "/rate_limit/top?policy=pt_api&range="+rng, "")
+		if got := fmtJSON(top["tenants"]); !strings.HasPrefix(got, `[{"admitted":10,"tenant":"pt_alice"},{"admitted":3,"tenant":"pt_bob"}`) {
+			t.Errorf("top, range %s: %s", rng, got)
+		}
+	}
 }
 
 func fmtJSON(v any) string {

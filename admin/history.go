@@ -72,7 +72,10 @@ func (adminAPI) top(w http.ResponseWriter, r *http.Request) error {
 		}
 		length = min(length, hist.Retention(fleet.Minute))
 		now := time.Now()
-		top, err := hist.Top(r.Context(), ps[i][0].Engine.Name, now.Add(-length+time.Hour), now, count)
+		// Top counts whole hours: the hours the range reaches back to,
+		// the current one included (a range under an hour: that one).
+		from := now.Add(time.Hour - max(length, time.Hour))
+		top, err := hist.Top(r.Context(), ps[i][0].Engine.Name, from, now, count)
 		if errors.Is(err, fleet.ErrHistoryRange) {
 			return apiError(http.StatusBadRequest, "range: %v", err)
 		}
