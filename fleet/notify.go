@@ -250,11 +250,6 @@ func (n *Notifier) Send(dst Destination, ev Event, once string, end time.Time) {
 	if dst.URL == "" {
 		return
 	}
-	s := n.sender(dst)
-	if s == nil {
-		n.observe(ev.Type, "dropped")
-		return
-	}
 	if ev.ID == "" {
 		ev.ID = newEventID()
 	}
@@ -262,10 +257,36 @@ func (n *Notifier) Send(dst Destination, ev Event, once string, end time.Time) {
 		ev.At = time.Now().UTC().Format(time.RFC3339Nano)
 	}
 	ev.Instance = n.opts.Instance
-	select {
-	case s.queue <- queued{ev: ev, once: once, end: end}:
-	default:
+	if !n.enqueue(dst, queued{ev: ev, once: once, end: end}) {
 		n.observe(ev.Type, "dropped")
+	}
+}
+
+// enqueue puts q in dst's queue, starting its sender on first use; false
+// when the notifier is closed, has too many destinations, or the queue
+// is full. It holds n.mu, so a sender that retires (see run) never leaves
+// an event in a queue nobody reads.
+func (n *Notifier) enqueue(dst Destination, q queued) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return false
+	}
+	s := n.senders[dst]
+	if s == nil {
+		if len(n.senders) >= notifyMaxDestinations {
+			return false
+		}
+		s = &sender{dst: dst, queue: make(chan queued, notifyQueue)}
+		n.senders[dst] = s
+		n.wg.Add(1)
+		go n.run(s)
+	}
+	select {
+	case s.queue <- q:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -287,31 +308,26 @@ type queued struct {
 	end  time.Time
 }
 
-// sender returns dst's sender, starting it on first use; nil when the
-// notifier is closed or has too many destinations.
-func (n *Notifier) sender(dst Destination) *sender {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
-		return nil
-	}
-	if s := n.senders[dst]; s != nil {
-		return s
-	}
-	if len(n.senders) >= notifyMaxDestinations {
-		return nil
-	}
-	s := &sender{dst: dst, queue: make(chan queued, notifyQueue)}
-	n.senders[dst] = s
-	n.wg.Add(1)
-	go n.run(s)
-	return s
-}
+// senderIdle is how long a sender waits for an event before it retires,
+// so that destinations used once (a tenant's URL since changed) do not
+// keep a goroutine, nor count against notifyMaxDestinations, for good.
+var senderIdle = 5 * time.Minute
 
 func (n *Notifier) run(s *sender) {
 	defer n.wg.Done()
+	idle := time.NewTimer(senderIdle)
+	defer idle.Stop()
 	for {
 		select {
+		case <-idle.C:
+			n.mu.Lock()
+			if len(s.queue) == 0 {
+				delete(n.senders, s.dst)
+				n.mu.Unlock()
+				return
+			}
+			n.mu.Unlock()
+			idle.Reset(senderIdle)
 		case <-n.ctx.Done():
 			for range len(s.queue) {
 				q := <-s.queue
@@ -325,6 +341,7 @@ func (n *Notifier) run(s *sender) {
 			if !n.deliver(s.dst, q.ev) && q.once != "" {
 				n.unclaim(q.once)
 			}
+			idle.Reset(senderIdle)
 		}
 	}
 }

@@ -316,3 +316,25 @@ func TestOnceTableBound(t *testing.T) {
 		t.Errorf("%d events kept, over the bound %d", n, notifyOnceKeep)
 	}
 }
+
+// TestNotifierSendersRetire: a destination's sender retires once idle,
+// so destinations used once (tenants' URLs since changed) do not take
+// the notifier's places for good: after notifyMaxDestinations of them
+// went idle, a new destination still gets its events. (Every further
+// destination was dropped until a reload.)
+func TestNotifierSendersRetire(t *testing.T) {
+	defer func(d time.Duration) { senderIdle = d }(senderIdle)
+	senderIdle = 50 * time.Millisecond
+	rc := &receiver{secret: "s"}
+	ts := httptest.NewServer(rc)
+	defer ts.Close()
+	n := NewNotifier(NotifyOptions{Attempts: 1})
+	defer n.Close()
+	for i := range notifyMaxDestinations {
+		n.Send(Destination{URL: ts.URL + "/" + strconv.Itoa(i), Secret: "s", AllowPrivate: true}, Event{Type: "exceeded"}, "", time.Time{})
+	}
+	waitFor(t, func() bool { rc.mu.Lock(); defer rc.mu.Unlock(); return len(rc.events) == notifyMaxDestinations })
+	waitFor(t, func() bool { n.mu.Lock(); defer n.mu.Unlock(); return len(n.senders) == 0 })
+	n.Send(Destination{URL: ts.URL + "/new", Secret: "s", AllowPrivate: true}, Event{Type: "exceeded"}, "", time.Time{})
+	waitFor(t, func() bool { rc.mu.Lock(); defer rc.mu.Unlock(); return len(rc.events) == notifyMaxDestinations+1 })
+}
