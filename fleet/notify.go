@@ -546,11 +546,15 @@ func (n *Notifier) observe(event, result string) {
 }
 
 // Close stops the senders: queued events are dropped (and counted), an
-// attempt in flight is cancelled.
+// attempt in flight is cancelled, and the kept-alive connections to the
+// receivers are closed (with their goroutines) rather than left to time
+// out after a reload.
 func (n *Notifier) Close() {
 	n.mu.Lock()
 	n.closed = true
 	n.mu.Unlock()
 	n.cancel()
 	n.wg.Wait()
+	n.client.CloseIdleConnections()
+	n.public.CloseIdleConnections()
 }

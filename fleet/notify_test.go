@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/tollgate/caddy-tollgate/internal/redistest"
 )
@@ -337,4 +338,20 @@ func TestNotifierSendersRetire(t *testing.T) {
 	waitFor(t, func() bool { n.mu.Lock(); defer n.mu.Unlock(); return len(n.senders) == 0 })
 	n.Send(Destination{URL: ts.URL + "/new", Secret: "s", AllowPrivate: true}, Event{Type: "exceeded"}, "", time.Time{})
 	waitFor(t, func() bool { rc.mu.Lock(); defer rc.mu.Unlock(); return len(rc.events) == notifyMaxDestinations+1 })
+}
+
+// TestNotifierCloseLeavesNoConnections: Close closes the kept-alive
+// connections to the receivers, with their goroutines, instead of
+// leaving them for the idle timeout (30 s) after each reload.
+func TestNotifierCloseLeavesNoConnections(t *testing.T) {
+	rc := &receiver{secret: "s"}
+	ts := httptest.NewServer(rc)
+	defer ts.Close()
+	before := goleak.IgnoreCurrent()
+	n := NewNotifier(NotifyOptions{Attempts: 1})
+	n.Send(Destination{URL: ts.URL, Secret: "s", AllowPrivate: true}, Event{Type: "exceeded"}, "", time.Time{})
+	waitFor(t, func() bool { rc.mu.Lock(); defer rc.mu.Unlock(); return len(rc.events) == 1 })
+	n.Close()
+	// The receiver's side of the connection is the server's to close.
+	goleak.VerifyNone(t, before, goleak.IgnoreAnyFunction("net/http.(*conn).serve"))
 }
