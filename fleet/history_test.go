@@ -191,3 +191,46 @@ func TestHistoryTop(t *testing.T) {
 		})
 	}
 }
+
+// TestHistoryMemoryBound: a full embedded history makes room for a tenth
+// of its bound at once, dropping the hashes that expire first, so new
+// hashes are not each a scan of the map; each hour's top set keeps its
+// busiest tenants, trimmed in one go.
+func TestHistoryMemoryBound(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	s := &memoryHistorySink{hashes: map[string]*memoryHash{}, now: func() time.Time { return now }}
+	incs := make([]historyIncr, historyMemoryKeys)
+	for i := range incs {
+		incs[i] = historyIncr{key: "h" + strconv.Itoa(i), field: "a", n: 1, expireAt: now.Unix() + 1000 + int64(i)}
+	}
+	if err := s.add(context.Background(), incs); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.add(context.Background(), []historyIncr{{key: "new", field: "a", n: 1, expireAt: now.Unix() + 10}}); err != nil {
+		t.Fatal(err)
+	}
+	if want := historyMemoryKeys*9/10 + 1; len(s.hashes) != want {
+		t.Fatalf("%d hashes after making room, want %d", len(s.hashes), want)
+	}
+	dropped := historyMemoryKeys - historyMemoryKeys*9/10
+	if s.hashes["h"+strconv.Itoa(dropped-1)] != nil || s.hashes["h"+strconv.Itoa(dropped)] == nil || s.hashes["new"] == nil {
+		t.Error("the hashes dropped are not those that expire first")
+	}
+
+	fields := map[string]int64{}
+	for i := range historyTopKeep + 500 {
+		fields[fmt.Sprintf("t%05d", i)] = int64((i + 1) / 2) // pairs tie
+	}
+	trimTop(fields)
+	if len(fields) != historyTopKeep {
+		t.Fatalf("%d tenants kept, want %d", len(fields), historyTopKeep)
+	}
+	// Dropped: the 500 smallest counts, ties by name: t00499 and t00500
+	// both count 250, at the line; the smaller name goes.
+	if _, ok := fields["t00499"]; ok {
+		t.Error("t00499 kept")
+	}
+	if _, ok := fields["t00500"]; !ok {
+		t.Error("t00500 dropped")
+	}
+}
