@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"errors"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -116,37 +115,26 @@ func (s *RedisStore) keepSlots(ctx context.Context, checks []Check) error {
 	if s.now != nil {
 		nowArg = strconv.FormatInt(s.now(), 10)
 	}
-	// The calls, in the order of their slots' first check.
-	type call struct {
-		slot uint16
-		keys []string
-		args []any
-	}
-	var calls []call
-	for i := range checks {
-		c := &checks[i]
-		b := AppendKey(nil, s.prefix, Concurrency, c.Tenant, c.Policy, c.Part)
-		slot := uint16(0)
-		if s.cluster != nil {
-			slot = keySlot(b)
-		}
-		member := ""
-		if held(c) {
-			member = string(appendHeldMember(nil, s.prefix, c))
-		}
-		j := slices.IndexFunc(calls, func(c call) bool { return c.slot == slot })
-		if j < 0 {
-			calls = append(calls, call{slot: slot, args: []any{nowArg}})
-			j = len(calls) - 1
-		}
-		calls[j].keys = append(calls[j].keys, string(b))
-		calls[j].args = append(calls[j].args, member)
-	}
 	sc := s.getScratch()
 	defer s.putScratch(sc)
+	multiSlot := s.prepare(sc, checks) // the keys, and on a Cluster their slots
+	groups := [][]int{sc.all}
+	if multiSlot {
+		groups = sc.groups()
+	}
 	var errs []error
-	for _, c := range calls {
-		if _, err := s.eval(ctx, sc, scriptKeep, c.keys, c.args); err != nil {
+	for _, g := range groups {
+		keys := make([]string, 0, len(g))
+		args := make([]any, 1, 1+len(g))
+		args[0] = nowArg
+		for _, i := range g {
+			member := ""
+			if held(&checks[i]) {
+				member = string(appendHeldMember(nil, s.prefix, &checks[i]))
+			}
+			keys, args = append(keys, sc.keys[i]), append(args, member)
+		}
+		if _, err := s.eval(ctx, sc, scriptKeep, keys, args); err != nil {
 			errs = append(errs, err)
 		}
 	}
