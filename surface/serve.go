@@ -76,6 +76,9 @@ func (h *Server) provisionPolicies(ctx caddy.Context) error {
 // test can watch it happen in less than 20 seconds.
 var keepSlotsEvery = limiter.KeepSlotsEvery
 
+// keepNothing is the stop of a request that keeps no slots.
+func keepNothing() {}
+
 // ServeHTTP decides r against every policy that matches it, all or
 // nothing, then either passes it on or answers 429.
 func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -174,7 +177,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 		return h.deny(w, r, repl, st, shown)
 	}
 	holds := d.HoldsSlots()
-	var stopKeeping func()
+	stopKeeping := keepNothing
 	if holds {
 		// The slots are taken from the decision on: a request that holds
 		// them longer than a lease on Redis (a long wait for its turn, a
@@ -183,9 +186,7 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}
 	if st.wait > 0 {
 		if err := h.waitTurn(r, st); err != nil {
-			if holds {
-				stopKeeping() // waitTurn gave the slots back
-			}
+			stopKeeping() // waitTurn gave the slots back
 			return err
 		}
 	}
